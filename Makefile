@@ -1,0 +1,58 @@
+# Developer commands. `make test` is what CI runs (.ci/run). Targets are .PHONY because
+# folders named proto/ and tests/ exist.
+.PHONY: help dev proto proto-check lint test demo wheel clean
+
+# Tools come from .venv (made by `make dev`) when it exists, else from PATH.
+VENV_BIN := $(CURDIR)/.venv/bin
+export PATH := $(VENV_BIN):$(PATH)
+PY ?= $(if $(wildcard $(VENV_BIN)/python),$(VENV_BIN)/python,python3)
+# Include roots for protoc: our protos, googleapis-common-protos (google/rpc/status.proto) and
+# grpcio-tools' bundled well-known types.
+GAPI = $(shell $(PY) -c "import google.rpc, os; print(os.path.dirname(os.path.dirname(list(google.rpc.__path__)[0])))")
+GTOOLS = $(shell $(PY) -c "import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), '_proto'))")
+PROTOS = proto/nemo_gym_grpc/v1/verify.proto
+OUT ?= proto
+
+help:
+	@echo "make dev          create .venv with the package and its dev tools"
+	@echo "make demo         score NeMo Gym example rows through the bridge (real servers)"
+	@echo "make test         the whole test suite (real NeMo Gym servers)"
+	@echo "make proto        regenerate Python code from $(PROTOS)"
+	@echo "make proto-check  fail if the committed generated code is stale"
+	@echo "make lint         ruff + buf lint"
+
+dev:
+	test -x .venv/bin/python || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+
+proto:
+	$(PY) -m grpc_tools.protoc -I proto -I $(GAPI) -I $(GTOOLS) \
+	  --python_out=$(OUT) --grpc_python_out=$(OUT) --mypy_out=$(OUT) --mypy_grpc_out=$(OUT) $(PROTOS)
+
+proto-check:
+	@tmp=$$(mktemp -d) && $(MAKE) -s proto OUT=$$tmp >/dev/null && \
+	  for f in $$(cd $$tmp && find . -type f); do \
+	    cmp -s $$tmp/$$f proto/$$f || { echo "stale: proto/$$f (run make proto)"; rc=1; }; done; \
+	  rm -rf $$tmp; test -z "$$rc" && echo "generated code is up to date"; exit $${rc:-0}
+
+# buf resolves google/rpc/status.proto from a copy of the installed googleapis-common-protos
+# file (build/buf-deps, not committed), so lint runs offline.
+lint:
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	mkdir -p build/buf-deps/google/rpc && cp $(GAPI)/google/rpc/status.proto build/buf-deps/google/rpc/
+	buf lint
+	buf format -d --exit-code proto
+
+test:
+	$(PY) -m pytest
+
+demo:
+	$(PY) tests/demo.py
+
+wheel:
+	$(PY) -m build --wheel --outdir dist .
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache
