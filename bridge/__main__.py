@@ -1,0 +1,7 @@
+"""`python -m nemo_gym_grpc.bridge serve ...`"""
+
+import sys
+
+from nemo_gym_grpc.bridge.cli import main
+
+sys.exit(main())

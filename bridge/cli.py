@@ -1,0 +1,107 @@
+"""Command line: `nemo-gym-grpc serve ...` (also `python -m nemo_gym_grpc.bridge serve ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from nemo_gym_grpc.bridge.server import BridgeConfig, serve
+
+
+def _server_entry(text: str) -> tuple[str, str]:
+    name, sep, url = text.partition("=")
+    parts = urlsplit(url)
+    if not sep or not name or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"expected NAME=http://HOST:PORT, got {text!r}")
+    return name, url.rstrip("/")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (subcommand `serve`)."""
+    parser = argparse.ArgumentParser(prog="nemo-gym-grpc", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_cmd = commands.add_parser(
+        "serve", help="run the gRPC bridge in front of NeMo Gym resources servers"
+    )
+    serve_cmd.add_argument(
+        "--listen", default="127.0.0.1:50051", help="gRPC host:port (default %(default)s)"
+    )
+    serve_cmd.add_argument(
+        "--head-url",
+        help="NeMo Gym head server URL, e.g. http://127.0.0.1:11000, to discover servers",
+    )
+    serve_cmd.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        type=_server_entry,
+        metavar="NAME=URL",
+        help="a resources server base URL (repeatable); wins over discovery",
+    )
+    serve_cmd.add_argument(
+        "--verify-timeout",
+        type=float,
+        default=30.0,
+        help="default seconds per upstream /verify call (default %(default)s)",
+    )
+    serve_cmd.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=64,
+        help="most concurrent /verify calls per upstream (default %(default)s)",
+    )
+    serve_cmd.add_argument(
+        "--max-stream-items",
+        type=int,
+        default=4096,
+        help="most items one VerifyStream holds at once (default %(default)s)",
+    )
+    serve_cmd.add_argument(
+        "--max-message-mb",
+        type=int,
+        default=64,
+        help="gRPC message size limit in MiB, both directions (default %(default)s)",
+    )
+    serve_cmd.add_argument(
+        "--grace", type=float, default=10.0, help="shutdown grace seconds (default %(default)s)"
+    )
+    serve_cmd.add_argument(
+        "--ready-file", type=Path, help="write the bound host:port here once serving"
+    )
+    serve_cmd.add_argument("--log-level", default="INFO", help="logging level")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `nemo-gym-grpc` console script. Returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not args.head_url and not args.server:
+        logging.getLogger(__name__).warning(
+            "no --head-url and no --server: every item will fail with NOT_FOUND"
+        )
+    config = BridgeConfig(
+        listen=args.listen,
+        head_url=args.head_url,
+        servers=dict(args.server),
+        verify_timeout=args.verify_timeout,
+        max_in_flight=args.max_in_flight,
+        max_stream_items=args.max_stream_items,
+        max_message_bytes=args.max_message_mb * 1024 * 1024,
+        grace=args.grace,
+        ready_file=args.ready_file,
+    )
+    try:
+        asyncio.run(serve(config))
+    except RuntimeError as exc:
+        print(f"nemo-gym-grpc: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,88 @@
+"""Per-item failures and their `google.rpc.Status` form.
+
+A failed item never becomes a reward: the bridge answers it with a `google.rpc.Status` whose
+`code` is a canonical gRPC code and whose single `google.rpc.ErrorInfo` detail carries an
+UPPER_SNAKE `reason` and lowerCamel `metadata` (AIP-193). Clients match on `reason`.
+"""
+
+from __future__ import annotations
+
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+ERROR_DOMAIN = "nemo-gym-grpc"
+
+# Reasons (ErrorInfo.reason) the bridge sets.
+INVALID_ITEM = "INVALID_ITEM"
+UNKNOWN_RESOURCES_SERVER = "UNKNOWN_RESOURCES_SERVER"
+UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
+UPSTREAM_TIMEOUT = "UPSTREAM_TIMEOUT"
+UPSTREAM_HTTP_ERROR = "UPSTREAM_HTTP_ERROR"
+UPSTREAM_BAD_REPLY = "UPSTREAM_BAD_REPLY"
+UPSTREAM_JUDGE_FAILED = "UPSTREAM_JUDGE_FAILED"
+UPSTREAM_REPORTED_FAILURE = "UPSTREAM_REPORTED_FAILURE"
+BRIDGE_INTERNAL = "BRIDGE_INTERNAL"
+
+
+class ItemError(Exception):
+    """One item could not be scored.
+
+    Args:
+        code: a `google.rpc.code_pb2` value (e.g. `code_pb2.UNAVAILABLE`).
+        reason: UPPER_SNAKE reason, one of the constants in this module.
+        message: human-readable text; dynamic values also go into `metadata`.
+        metadata: lowerCamel keys to string values (e.g. `httpStatus="503"`).
+    """
+
+    def __init__(self, code: int, reason: str, message: str, **metadata: object) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.metadata = {k: str(v) for k, v in metadata.items() if v is not None}
+
+    def to_status(self) -> status_pb2.Status:
+        """The `google.rpc.Status` for `VerifyResponse.error`, with one ErrorInfo detail."""
+        info = error_details_pb2.ErrorInfo(
+            reason=self.reason, domain=ERROR_DOMAIN, metadata=self.metadata
+        )
+        detail = any_pb2.Any()
+        detail.Pack(info)
+        return status_pb2.Status(code=self.code, message=self.message, details=[detail])
+
+
+def invalid_item(message: str, **metadata: object) -> ItemError:
+    """An item the bridge cannot turn into a `/verify` call (INVALID_ARGUMENT)."""
+    return ItemError(code_pb2.INVALID_ARGUMENT, INVALID_ITEM, message, **metadata)
+
+
+def http_status_error(status: int, url: str, body: bytes) -> ItemError:
+    """Map an upstream non-200 HTTP reply to a canonical code (gRPC status-code guide).
+
+    502/503/504 -> UNAVAILABLE, 429 -> RESOURCE_EXHAUSTED, 400/422 -> INVALID_ARGUMENT,
+    401 -> UNAUTHENTICATED, 403 -> PERMISSION_DENIED, 404/405 -> UNIMPLEMENTED (no `/verify`
+    there), other 4xx -> INVALID_ARGUMENT, other 5xx and anything else -> INTERNAL.
+    The message holds the first 200 bytes of the upstream body.
+    """
+    if status in (502, 503, 504):
+        code = code_pb2.UNAVAILABLE
+    elif status == 429:
+        code = code_pb2.RESOURCE_EXHAUSTED
+    elif status == 401:
+        code = code_pb2.UNAUTHENTICATED
+    elif status == 403:
+        code = code_pb2.PERMISSION_DENIED
+    elif status in (404, 405):
+        code = code_pb2.UNIMPLEMENTED
+    elif 400 <= status < 500:
+        code = code_pb2.INVALID_ARGUMENT
+    else:
+        code = code_pb2.INTERNAL
+    snippet = body[:200].decode("utf-8", "replace")
+    return ItemError(
+        code,
+        UPSTREAM_HTTP_ERROR,
+        f"{url} answered HTTP {status}: {snippet}",
+        httpStatus=status,
+        upstreamUrl=url,
+    )

@@ -1,0 +1,141 @@
+"""The `nemo_gym_grpc.v1.VerifyService` implementation (grpc.aio)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterable, AsyncIterator
+
+import aiohttp
+import grpc
+
+from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.verifier import Verifier
+from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
+    """Serves Verify, VerifyStream and ListResourcesServers on one event loop.
+
+    Args:
+        verifier: scores single items.
+        max_stream_items: most items one VerifyStream holds at once (in flight or with a
+            result not yet sent). A client that sends faster waits: the handler stops reading,
+            so gRPC flow control slows the sender and memory stays bounded.
+    """
+
+    def __init__(self, verifier: Verifier, max_stream_items: int = 4096) -> None:
+        self._verifier = verifier
+        self._max_stream_items = max_stream_items
+
+    async def Verify(
+        self, request: verify_pb2.VerifyRequest, context: grpc.aio.ServicerContext
+    ) -> verify_pb2.VerifyResponse:
+        return await self._verifier.verify(request, _deadline(context))
+
+    async def VerifyStream(
+        self,
+        request_iterator: AsyncIterable[verify_pb2.VerifyStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[verify_pb2.VerifyStreamResponse]:
+        deadline = _deadline(context)
+        # (result, tracked): tracked results free their request_id when sent.
+        finished: asyncio.Queue[tuple[verify_pb2.VerifyResponse, bool] | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(self._max_stream_items)
+        in_flight_ids: set[str] = set()
+        tasks: set[asyncio.Task[None]] = set()
+        accepted = 0  # items read; each gets exactly one result
+        started_at = time.monotonic()
+
+        async def score(request: verify_pb2.VerifyRequest) -> None:
+            finished.put_nowait((await self._verifier.verify(request, deadline), True))
+
+        async def read() -> None:
+            nonlocal accepted
+            # In grpcio 1.85 a client cancel also ends this iterator normally (grpc#36193);
+            # the handler then sees CancelledError at its next await and cleans up below.
+            try:
+                async for batch in request_iterator:
+                    for request in batch.items:
+                        await slots.acquire()
+                        accepted += 1
+                        if request.request_id in in_flight_ids:
+                            finished.put_nowait((_duplicate(request), False))
+                            continue
+                        in_flight_ids.add(request.request_id)
+                        task = asyncio.create_task(score(request))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+            finally:
+                finished.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        sent, failed, input_ended = 0, 0, False
+        try:
+            while not (input_ended and sent == accepted):
+                ready = [await finished.get()]
+                while not finished.empty():
+                    ready.append(finished.get_nowait())
+                results = []
+                for entry in ready:
+                    if entry is None:
+                        input_ended = True
+                        continue
+                    result, tracked = entry
+                    if tracked:
+                        in_flight_ids.discard(result.request_id)
+                    slots.release()
+                    failed += result.HasField("error")
+                    results.append(result)
+                if results:
+                    sent += len(results)
+                    yield verify_pb2.VerifyStreamResponse(results=results)
+            await reader  # re-raises an error from reading the requests
+        finally:
+            reader.cancel()
+            for task in tasks:
+                task.cancel()
+            log.info(
+                "VerifyStream ended: %d of %d results sent (%d failed) in %.3f s",
+                sent,
+                accepted,
+                failed,
+                time.monotonic() - started_at,
+            )
+
+    async def ListResourcesServers(
+        self, request: verify_pb2.ListResourcesServersRequest, context: grpc.aio.ServicerContext
+    ) -> verify_pb2.ListResourcesServersResponse:
+        upstreams = self._verifier.upstreams
+        if request.refresh and upstreams.head_url:
+            try:
+                await upstreams.discover()
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"head server {upstreams.head_url} could not be read: {exc!r}",
+                )
+        return verify_pb2.ListResourcesServersResponse(
+            resources_servers=[
+                verify_pb2.ResourcesServer(name=u.name, upstream_urls=u.urls, source=u.source)
+                for u in upstreams.entries()
+            ]
+        )
+
+
+def _duplicate(request: verify_pb2.VerifyRequest) -> verify_pb2.VerifyResponse:
+    result = verify_pb2.VerifyResponse(request_id=request.request_id)
+    error = errors.invalid_item(
+        f"request_id {request.request_id[:100]!r} is already in flight on this stream",
+        field="request_id",
+    )
+    result.error.CopyFrom(error.to_status())
+    return result

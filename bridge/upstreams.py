@@ -1,0 +1,181 @@
+"""The map from resources server name to upstream base URL.
+
+Entries come only from configuration (`--server NAME=URL`) and from the NeMo Gym head
+server's `GET /global_config_dict_yaml`; the bridge never calls a URL taken from a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import yaml
+from google.rpc import code_pb2
+
+from nemo_gym_grpc.bridge import errors
+
+log = logging.getLogger(__name__)
+
+STATIC = "static"
+HEAD_SERVER = "head_server"
+
+# Hosts a server binds to that are not addresses to call.
+_WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+
+
+@dataclass
+class Upstream:
+    """A routable resources server: its name, base URLs (no trailing slash) and origin."""
+
+    name: str
+    urls: list[str] = field(default_factory=list)
+    source: str = STATIC
+
+
+def _base_url(host: str, port: int | str, head_host: str) -> str:
+    host = str(host).strip("[]")
+    if host in _WILDCARD_HOSTS:
+        host = head_host
+    if host == "localhost":
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{int(port)}"
+
+
+def parse_global_config(body: bytes | str, head_url: str) -> dict[str, str]:
+    """Resources servers in the head server's `/global_config_dict_yaml` reply.
+
+    The reply is double encoded: a JSON string literal whose value is the YAML text of NeMo
+    Gym's global config (`OmegaConf.to_yaml`). Resources servers sit at
+    `<instance>.resources_servers.<type>.{host,port}`. Each is registered under its instance
+    name (NeMo Gym's own routing key) and, when no other entry claims it, under `<type>` too
+    (what axolotl's seed used). Wildcard hosts (0.0.0.0, ::) become the head server's host and
+    `localhost` becomes 127.0.0.1.
+
+    Returns:
+        {name: base URL}, e.g. {"mcqa": "http://127.0.0.1:18001"}.
+
+    Raises:
+        ValueError: the body is not a JSON string or YAML mapping of that shape.
+    """
+    text = json.loads(body)
+    if not isinstance(text, str):
+        raise ValueError("global_config_dict_yaml reply is not a JSON string")
+    config: Any = yaml.safe_load(text)
+    if not isinstance(config, dict):
+        raise ValueError("global config YAML is not a mapping")
+    head_host = urlsplit(head_url).hostname or "127.0.0.1"
+    by_instance: dict[str, str] = {}
+    by_type: dict[str, set[str]] = {}
+    for instance, block in config.items():
+        servers = block.get("resources_servers") if isinstance(block, dict) else None
+        if not isinstance(servers, dict):
+            continue
+        for server_type, server in servers.items():
+            if isinstance(server, dict) and server.get("host") is not None and server.get("port"):
+                url = _base_url(server["host"], server["port"], head_host)
+                by_instance[str(instance)] = url
+                by_type.setdefault(str(server_type), set()).add(url)
+    found = dict(by_instance)
+    for server_type, urls in by_type.items():
+        if server_type not in found and len(urls) == 1:
+            found[server_type] = next(iter(urls))
+    return found
+
+
+class Upstreams:
+    """Name -> upstream routing table with head-server discovery.
+
+    Args:
+        static: {name: base URL} from `--server`; these win over discovered entries.
+        head_url: NeMo Gym head server base URL, or None for static routing only.
+        session: the bridge's aiohttp session.
+        discovery_timeout: seconds for one `/global_config_dict_yaml` request.
+        min_rediscover_interval: seconds between re-discoveries triggered by unknown names.
+    """
+
+    def __init__(
+        self,
+        static: dict[str, str],
+        head_url: str | None,
+        session: aiohttp.ClientSession,
+        discovery_timeout: float = 5.0,
+        min_rediscover_interval: float = 1.0,
+    ) -> None:
+        self._static = {name: url.rstrip("/") for name, url in static.items()}
+        self._discovered: dict[str, str] = {}
+        self.head_url = head_url.rstrip("/") if head_url else None
+        self._session = session
+        self._timeout = discovery_timeout
+        self._interval = min_rediscover_interval
+        self._last_discovery = -float("inf")
+        self._lock = asyncio.Lock()
+
+    async def discover(self) -> dict[str, str]:
+        """Fetch the head server's config and replace the discovered entries.
+
+        Returns the discovered {name: base URL}. Raises aiohttp.ClientError, TimeoutError or
+        ValueError when the head server cannot be read.
+        """
+        if not self.head_url:
+            return {}
+        self._last_discovery = time.monotonic()
+        url = f"{self.head_url}/global_config_dict_yaml"
+        timeout = aiohttp.ClientTimeout(total=self._timeout)
+        async with self._session.get(url, timeout=timeout) as reply:
+            reply.raise_for_status()
+            body = await reply.read()
+        self._discovered = parse_global_config(body, self.head_url)
+        return self._discovered
+
+    def get(self, name: str) -> str | None:
+        """The base URL for `name`, or None when unknown (no discovery)."""
+        return self._static.get(name) or self._discovered.get(name)
+
+    async def resolve(self, name: str) -> str:
+        """The base URL for `name`, re-discovering once when it is unknown.
+
+        Raises:
+            errors.ItemError: NOT_FOUND / UNKNOWN_RESOURCES_SERVER naming the known servers.
+        """
+        url = self.get(name)
+        if url:
+            return url
+        if self.head_url:
+            async with self._lock:
+                url = self.get(name)
+                if url:
+                    return url
+                if time.monotonic() - self._last_discovery >= self._interval:
+                    try:
+                        await self.discover()
+                    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                        log.warning("re-discovery from %s failed: %r", self.head_url, exc)
+                url = self.get(name)
+                if url:
+                    return url
+        known = ", ".join(sorted(self.names())) or "none"
+        raise errors.ItemError(
+            code_pb2.NOT_FOUND,
+            errors.UNKNOWN_RESOURCES_SERVER,
+            f"unknown resources server {name[:100]!r}; known: {known}",
+            resourcesServer=name[:100],
+        )
+
+    def names(self) -> set[str]:
+        """Every routable name."""
+        return set(self._static) | set(self._discovered)
+
+    def entries(self) -> list[Upstream]:
+        """Every routable server, sorted by name."""
+        return [
+            Upstream(name, [self.get(name) or ""], STATIC if name in self._static else HEAD_SERVER)
+            for name in sorted(self.names())
+        ]

@@ -1,0 +1,144 @@
+"""One item -> one NeMo Gym `POST /verify` call -> one `VerifyResponse`.
+
+Every call ends in exactly one `VerifyResponse`: the reward, or a per-item `error`. The only
+exception that escapes is `asyncio.CancelledError` (the RPC was cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import defaultdict
+
+import aiohttp
+from google.rpc import code_pb2
+
+from nemo_gym_grpc.bridge import errors, nemo_gym
+from nemo_gym_grpc.bridge.upstreams import Upstreams
+from nemo_gym_grpc.v1 import verify_pb2
+
+log = logging.getLogger(__name__)
+
+# Seconds kept back from the gRPC deadline so the answer still reaches the client in time.
+DEADLINE_MARGIN = 0.05
+
+
+class Verifier:
+    """Scores `VerifyRequest`s against their resources servers over HTTP.
+
+    Args:
+        upstreams: the name -> base URL routing table.
+        session: an aiohttp session (keep-alive pool) owned by the caller.
+        default_timeout: seconds for one upstream call when the item sets none.
+        max_in_flight: most concurrent `/verify` calls per upstream base URL; further items
+            wait for a slot, and that waiting does not count against their own timeout
+            (only against the RPC deadline).
+    """
+
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        session: aiohttp.ClientSession,
+        default_timeout: float = 30.0,
+        max_in_flight: int = 64,
+    ) -> None:
+        self.upstreams = upstreams
+        self._session = session
+        self._default_timeout = default_timeout
+        self._slots: defaultdict[str, asyncio.Semaphore] = defaultdict(
+            lambda: asyncio.Semaphore(max_in_flight)
+        )
+
+    async def verify(
+        self, request: verify_pb2.VerifyRequest, deadline: float | None
+    ) -> verify_pb2.VerifyResponse:
+        """Score one item.
+
+        Args:
+            request: the item.
+            deadline: `time.monotonic()` value by which the answer is due (the RPC deadline),
+                or None.
+
+        Returns:
+            A VerifyResponse with `request_id` set and either `reward` or `error`.
+        """
+        result = verify_pb2.VerifyResponse(request_id=request.request_id)
+        try:
+            await self._verify(request, deadline, result)
+        except errors.ItemError as exc:
+            return _failed(result, exc)
+        except Exception as exc:  # a bug here must not cost the item its outcome
+            log.exception("unexpected error scoring request_id=%r", request.request_id)
+            error = errors.ItemError(
+                code_pb2.INTERNAL, errors.BRIDGE_INTERNAL, f"bridge error: {exc!r}"
+            )
+            return _failed(result, error)
+        return result
+
+    async def _verify(
+        self,
+        request: verify_pb2.VerifyRequest,
+        deadline: float | None,
+        result: verify_pb2.VerifyResponse,
+    ) -> None:
+        if not request.resources_server:
+            raise errors.invalid_item("resources_server is empty", field="resources_server")
+        try:
+            payload = json.dumps(nemo_gym.build_verify_body(request), allow_nan=False)
+        except ValueError as exc:  # NaN / Infinity in the item's JSON
+            raise errors.invalid_item(f"item JSON cannot be sent: {exc}") from None
+        base = await self.upstreams.resolve(request.resources_server)
+        url = f"{base}/verify"
+        async with self._slots[base]:
+            timeout = request.timeout_seconds or self._default_timeout
+            if deadline is not None:
+                timeout = min(timeout, deadline - time.monotonic() - DEADLINE_MARGIN)
+            if timeout <= 0:
+                raise errors.ItemError(
+                    code_pb2.DEADLINE_EXCEEDED,
+                    errors.UPSTREAM_TIMEOUT,
+                    f"the RPC deadline passed before {url} was called",
+                    upstreamUrl=url,
+                )
+            started = time.monotonic()
+            try:
+                async with self._session.post(
+                    url,
+                    data=payload,
+                    headers={"Content-Type": "application/json"},
+                    timeout=aiohttp.ClientTimeout(total=timeout),
+                ) as reply:
+                    raw = await reply.read()
+                    status = reply.status
+            except (asyncio.TimeoutError, TimeoutError):
+                raise errors.ItemError(
+                    code_pb2.DEADLINE_EXCEEDED,
+                    errors.UPSTREAM_TIMEOUT,
+                    f"{url} did not answer within {timeout:.3f} s",
+                    upstreamUrl=url,
+                    timeoutSeconds=f"{timeout:.3f}",
+                ) from None
+            except aiohttp.ClientError as exc:
+                raise errors.ItemError(
+                    code_pb2.UNAVAILABLE,
+                    errors.UPSTREAM_UNAVAILABLE,
+                    f"{url} unreachable: {type(exc).__name__}: {exc}",
+                    upstreamUrl=url,
+                ) from None
+            result.latency_seconds = time.monotonic() - started
+        if status != 200:
+            raise errors.http_status_error(status, url, raw)
+        nemo_gym.read_verify_reply(raw, url, result, request.include_reply)
+
+
+def _failed(
+    result: verify_pb2.VerifyResponse, error: errors.ItemError
+) -> verify_pb2.VerifyResponse:
+    """`result` turned into a failure: only request_id, latency and `error` stay."""
+    failed = verify_pb2.VerifyResponse(
+        request_id=result.request_id, latency_seconds=result.latency_seconds
+    )
+    failed.error.CopyFrom(error.to_status())
+    return failed
