@@ -2,10 +2,11 @@
 # folders named proto/ and tests/ exist.
 .PHONY: help dev proto proto-check lint test demo wheel clean
 
-# Tools come from .venv (made by `make dev`) when it exists, else from PATH.
+# Every tool runs from .venv, which `make dev` (or any target needing it) creates on first use.
 VENV_BIN := $(CURDIR)/.venv/bin
 export PATH := $(VENV_BIN):$(PATH)
-PY ?= $(if $(wildcard $(VENV_BIN)/python),$(VENV_BIN)/python,python3)
+PY := $(VENV_BIN)/python
+DEV := .venv/.installed
 # Include roots for protoc: our protos, googleapis-common-protos (google/rpc/status.proto) and
 # grpcio-tools' bundled well-known types.
 GAPI = $(shell $(PY) -c "import google.rpc, os; print(os.path.dirname(os.path.dirname(list(google.rpc.__path__)[0])))")
@@ -21,16 +22,19 @@ help:
 	@echo "make proto-check  fail if the committed generated code is stale"
 	@echo "make lint         ruff + buf lint"
 
-dev:
-	test -x .venv/bin/python || python3 -m venv .venv
+dev: $(DEV)
+
+$(DEV): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
 
-proto:
+proto: $(DEV)
 	$(PY) -m grpc_tools.protoc -I proto -I $(GAPI) -I $(GTOOLS) \
 	  --python_out=$(OUT) --grpc_python_out=$(OUT) --mypy_out=$(OUT) --mypy_grpc_out=$(OUT) $(PROTOS)
 
-proto-check:
+proto-check: $(DEV)
 	@tmp=$$(mktemp -d) && $(MAKE) -s proto OUT=$$tmp >/dev/null && \
 	  for f in $$(cd $$tmp && find . -type f); do \
 	    cmp -s $$tmp/$$f proto/$$f || { echo "stale: proto/$$f (run make proto)"; rc=1; }; done; \
@@ -38,20 +42,20 @@ proto-check:
 
 # buf resolves google/rpc/status.proto from a copy of the installed googleapis-common-protos
 # file (build/buf-deps, not committed), so lint runs offline.
-lint:
+lint: $(DEV)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	mkdir -p build/buf-deps/google/rpc && cp $(GAPI)/google/rpc/status.proto build/buf-deps/google/rpc/
 	buf lint
 	buf format -d --exit-code proto
 
-test:
+test: $(DEV)
 	$(PY) -m pytest
 
-demo:
+demo: $(DEV)
 	$(PY) tests/demo.py
 
-wheel:
+wheel: $(DEV)
 	$(PY) -m build --wheel --outdir dist .
 
 clean:
