@@ -1,0 +1,63 @@
+"""The wheel: PEP 420 namespace layout, the .proto inside, no shadowing by a user's rewards.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+        check=True,
+    )
+    (built,) = out.glob("nemo_gym_grpc-*.whl")
+    return built
+
+
+def test_wheel_ships_the_proto_and_generated_code_under_the_namespace(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in (
+        "nemo_gym_grpc/v1/verify.proto",
+        "nemo_gym_grpc/v1/verify_pb2.py",
+        "nemo_gym_grpc/v1/verify_pb2.pyi",
+        "nemo_gym_grpc/v1/verify_pb2_grpc.py",
+        "nemo_gym_grpc/bridge/server.py",
+        "nemo_gym_grpc/rewards/__init__.py",
+    ):
+        assert name in names
+    assert "nemo_gym_grpc/__init__.py" not in names  # PEP 420 namespace
+    assert not any(n.startswith(("tests/", "bridge/", "rewards/")) for n in names)
+
+
+def test_installed_wheel_is_not_shadowed_by_a_users_rewards_py(wheel, tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "install", "-q", str(wheel)], check=True)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "rewards.py").write_text("raise ImportError('the user rewards.py was imported')\n")
+    probe = (
+        "import nemo_gym_grpc.rewards as r, nemo_gym_grpc.bridge, nemo_gym_grpc.v1.verify_pb2;"
+        "print(r.reward_nemo_gym_verify.__name__, r.reward_nemo_gym_verify.__module__)"
+    )
+    out = subprocess.run(
+        [python, "-c", probe], cwd=workdir, check=True, capture_output=True, text=True
+    )
+    name, module = out.stdout.split()
+    assert name == "reward_nemo_gym_verify" and module.startswith("nemo_gym_grpc.rewards")
+    # torch stays out of the core install
+    listed = subprocess.run(
+        [python, "-m", "pip", "list"], check=True, capture_output=True, text=True
+    ).stdout
+    assert "torch" not in listed.lower()
