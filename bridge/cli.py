@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from nemo_gym_grpc.bridge.server import BridgeConfig, serve
+from nemo_gym_grpc.bridge.verifier import RetryPolicy
 
 
 def _server_entry(text: str) -> tuple[str, str]:
@@ -55,6 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="most concurrent /verify calls per upstream (default %(default)s)",
     )
     serve_cmd.add_argument(
+        "--retry-attempts",
+        type=int,
+        default=3,
+        help="most attempts per item for UNAVAILABLE/RESOURCE_EXHAUSTED causes, the first "
+        "included (default %(default)s; 1 = no retries)",
+    )
+    serve_cmd.add_argument(
+        "--retry-budget",
+        type=float,
+        default=60.0,
+        help="most seconds from an item's first attempt to the start of its last "
+        "(default %(default)s)",
+    )
+    serve_cmd.add_argument(
         "--max-stream-items",
         type=int,
         default=4096,
@@ -94,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         servers=dict(args.server),
         verify_timeout=args.verify_timeout,
         max_in_flight=args.max_in_flight,
+        retry=RetryPolicy(attempts=max(1, args.retry_attempts), budget=args.retry_budget),
         max_stream_items=args.max_stream_items,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         grace=args.grace,

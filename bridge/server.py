@@ -14,7 +14,7 @@ import grpc
 
 from nemo_gym_grpc.bridge.service import VerifyService
 from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.bridge.verifier import Verifier
+from nemo_gym_grpc.bridge.verifier import RetryPolicy, Verifier
 from nemo_gym_grpc.v1 import verify_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ class BridgeConfig:
         servers: static {resources server name: base URL}.
         verify_timeout: default seconds for one upstream `/verify` call.
         max_in_flight: most concurrent `/verify` calls per upstream.
+        retry: retry policy for transient upstream failures (UNAVAILABLE, RESOURCE_EXHAUSTED).
         max_stream_items: most items one VerifyStream holds at once.
         max_message_bytes: gRPC receive/send limit per message, bytes (gRPC's default
             receive limit of 4 MiB is too small for 64 long completions).
@@ -44,6 +45,7 @@ class BridgeConfig:
     servers: dict[str, str] = field(default_factory=dict)
     verify_timeout: float = 30.0
     max_in_flight: int = 64
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_stream_items: int = 4096
     max_message_bytes: int = 64 * MiB
     grace: float = 10.0
@@ -84,7 +86,9 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
             log.info("route %s -> %s (%s)", entry.name, ", ".join(entry.urls), entry.source)
 
         server = grpc.aio.server(options=grpc_options(config))
-        verifier = Verifier(upstreams, session, config.verify_timeout, config.max_in_flight)
+        verifier = Verifier(
+            upstreams, session, config.verify_timeout, config.max_in_flight, config.retry
+        )
         verify_pb2_grpc.add_VerifyServiceServicer_to_server(
             VerifyService(verifier, config.max_stream_items), server
         )

@@ -1,7 +1,9 @@
-"""One item -> one NeMo Gym `POST /verify` call -> one `VerifyResponse`.
+"""One item -> NeMo Gym `POST /verify` (retried when the cause is transient) -> one
+`VerifyResponse`.
 
 Every call ends in exactly one `VerifyResponse`: the reward, or a per-item `error`. The only
-exception that escapes is `asyncio.CancelledError` (the RPC was cancelled).
+exception that escapes is `asyncio.CancelledError` (the RPC was cancelled); the in-flight HTTP
+request is then closed and its upstream slot freed.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import json
 import logging
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 import aiohttp
+import tenacity
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors, nemo_gym
@@ -23,6 +27,26 @@ log = logging.getLogger(__name__)
 
 # Seconds kept back from the gRPC deadline so the answer still reaches the client in time.
 DEADLINE_MARGIN = 0.05
+# Causes worth another attempt (gRPC's retry guidance): the upstream was unreachable, dropped
+# the connection, answered 502/503/504, or 429. Never 4xx, timeouts or bad replies.
+RETRYABLE_CODES = frozenset({code_pb2.UNAVAILABLE, code_pb2.RESOURCE_EXHAUSTED})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries with exponential backoff and full jitter.
+
+    Attributes:
+        attempts: most attempts per item, first one included (1 = no retries).
+        initial_backoff: seconds before the second attempt (before jitter).
+        max_backoff: cap on one backoff, seconds.
+        budget: most seconds from an item's first attempt to the start of its last one.
+    """
+
+    attempts: int = 3
+    initial_backoff: float = 0.1
+    max_backoff: float = 2.0
+    budget: float = 60.0
 
 
 class Verifier:
@@ -31,10 +55,11 @@ class Verifier:
     Args:
         upstreams: the name -> base URL routing table.
         session: an aiohttp session (keep-alive pool) owned by the caller.
-        default_timeout: seconds for one upstream call when the item sets none.
-        max_in_flight: most concurrent `/verify` calls per upstream base URL; further items
-            wait for a slot, and that waiting does not count against their own timeout
-            (only against the RPC deadline).
+        default_timeout: seconds for one upstream attempt when the item sets none.
+        max_in_flight: most concurrent `/verify` calls per upstream base URL. Further items
+            wait for a slot; the wait does not count against their own timeout, only against
+            the RPC deadline (and is reported as `queuedSeconds` when that cuts an item short).
+        retry: the retry policy.
     """
 
     def __init__(
@@ -43,10 +68,12 @@ class Verifier:
         session: aiohttp.ClientSession,
         default_timeout: float = 30.0,
         max_in_flight: int = 64,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.upstreams = upstreams
         self._session = session
         self._default_timeout = default_timeout
+        self._retry = retry or RetryPolicy()
         self._slots: defaultdict[str, asyncio.Semaphore] = defaultdict(
             lambda: asyncio.Semaphore(max_in_flight)
         )
@@ -89,20 +116,60 @@ class Verifier:
             payload = json.dumps(nemo_gym.build_verify_body(request), allow_nan=False)
         except ValueError as exc:  # NaN / Infinity in the item's JSON
             raise errors.invalid_item(f"item JSON cannot be sent: {exc}") from None
-        base = await self.upstreams.resolve(request.resources_server)
-        url = f"{base}/verify"
-        async with self._slots[base]:
-            timeout = request.timeout_seconds or self._default_timeout
-            if deadline is not None:
-                timeout = min(timeout, deadline - time.monotonic() - DEADLINE_MARGIN)
-            if timeout <= 0:
-                raise errors.ItemError(
-                    code_pb2.DEADLINE_EXCEEDED,
-                    errors.UPSTREAM_TIMEOUT,
-                    f"the RPC deadline passed before {url} was called",
-                    upstreamUrl=url,
-                )
+        url = f"{await self.upstreams.resolve(request.resources_server)}/verify"
+        timeout = request.timeout_seconds or self._default_timeout
+        policy = self._retry
+        bound = time.monotonic() + policy.budget
+        if deadline is not None:
+            bound = min(bound, deadline)
+
+        def out_of_time(state: tenacity.RetryCallState) -> bool:
+            return time.monotonic() + state.upcoming_sleep >= bound
+
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(policy.attempts) | out_of_time,
+            wait=tenacity.wait_random_exponential(
+                multiplier=policy.initial_backoff, max=policy.max_backoff
+            ),
+            retry=tenacity.retry_if_exception(
+                lambda exc: isinstance(exc, errors.ItemError) and exc.code in RETRYABLE_CODES
+            ),
+            reraise=True,
+        )
+        attempt_number = 0
+        try:
+            async for attempt in retrying:
+                attempt_number = attempt.retry_state.attempt_number
+                with attempt:
+                    raw = await self._post(url, payload, timeout, deadline, result)
+        except errors.ItemError as exc:
+            exc.metadata["attempts"] = str(attempt_number)
+            raise
+        nemo_gym.read_verify_reply(raw, url, result, request.include_reply)
+
+    async def _post(
+        self,
+        url: str,
+        payload: str,
+        timeout: float,
+        deadline: float | None,
+        result: verify_pb2.VerifyResponse,
+    ) -> bytes:
+        """One attempt: the 200 reply body, or ItemError."""
+        queued_at = time.monotonic()
+        async with self._slots[url]:
             started = time.monotonic()
+            if deadline is not None and deadline - started - DEADLINE_MARGIN < timeout:
+                timeout = deadline - started - DEADLINE_MARGIN
+                if timeout <= 0:
+                    raise errors.ItemError(
+                        code_pb2.DEADLINE_EXCEEDED,
+                        errors.UPSTREAM_TIMEOUT,
+                        f"the RPC deadline passed while waiting {started - queued_at:.3f} s "
+                        f"for a free slot to {url}",
+                        upstreamUrl=url,
+                        queuedSeconds=f"{started - queued_at:.3f}",
+                    )
             try:
                 async with self._session.post(
                     url,
@@ -119,6 +186,7 @@ class Verifier:
                     f"{url} did not answer within {timeout:.3f} s",
                     upstreamUrl=url,
                     timeoutSeconds=f"{timeout:.3f}",
+                    queuedSeconds=f"{started - queued_at:.3f}",
                 ) from None
             except aiohttp.ClientError as exc:
                 raise errors.ItemError(
@@ -127,10 +195,11 @@ class Verifier:
                     f"{url} unreachable: {type(exc).__name__}: {exc}",
                     upstreamUrl=url,
                 ) from None
-            result.latency_seconds = time.monotonic() - started
+            finally:
+                result.latency_seconds = time.monotonic() - started
         if status != 200:
             raise errors.http_status_error(status, url, raw)
-        nemo_gym.read_verify_reply(raw, url, result, request.include_reply)
+        return raw
 
 
 def _failed(
