@@ -1,0 +1,241 @@
+"""The gRPC client side: one sync channel per bridge target, batches over `VerifyStream`.
+
+TRL calls reward functions synchronously, so this uses grpcio's sync API. Channels are created
+lazily, one per target per process, shared by all threads (a grpc channel is thread-safe; the
+cache is guarded by a lock) and re-created in a forked child (grpc state does not survive
+fork; the pid is checked on every lookup).
+
+Channel options (see `CHANNEL_OPTIONS`):
+- `grpc.max_receive_message_length` / `grpc.max_send_message_length` = 64 MiB: gRPC's default
+  4 MiB receive limit rejects a 64-item message of long completions. The bridge's
+  `--max-message-mb` defaults to the same 64 MiB; an item bigger than that on its own fails
+  locally with RESOURCE_EXHAUSTED / ITEM_TOO_LARGE instead of failing the whole stream.
+- `grpc.max_reconnect_backoff_ms` = 5000: after the bridge restarts, reconnect within seconds
+  instead of gRPC's default backoff of up to 120 s.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+
+MiB = 1024 * 1024
+MAX_MESSAGE_BYTES = 64 * MiB
+# Room for a VerifyStreamRequest's own framing around its items.
+MAX_ITEM_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
+ITEMS_PER_MESSAGE = 64
+# A message is closed early once its items reach this size (a big message only adds latency).
+BYTES_PER_MESSAGE = 16 * MiB
+
+CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_reconnect_backoff_ms", 5000),
+]
+
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+class ProtocolError(RuntimeError):
+    """The bridge broke the VerifyStream contract: a result with an unknown or duplicate
+    `request_id`, or a stream that ended OK without a result for every item. Results are
+    never zipped, broadcast or truncated onto the items, so this is raised instead."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why one item has no reward.
+
+    Attributes:
+        code: canonical gRPC status code name, e.g. "NOT_FOUND", "UNAVAILABLE".
+        reason: `google.rpc.ErrorInfo.reason` when the status carries one (e.g.
+            "UNKNOWN_RESOURCES_SERVER", "UPSTREAM_UNAVAILABLE"), else None.
+        message: human-readable detail (the bridge's or gRPC's message).
+    """
+
+    code: str
+    reason: str | None
+    message: str
+
+    @property
+    def cause(self) -> str:
+        """Code and reason, e.g. "NOT_FOUND (UNKNOWN_RESOURCES_SERVER)" or "UNAVAILABLE"."""
+        return f"{self.code} ({self.reason})" if self.reason else self.code
+
+    @classmethod
+    def from_status(cls, status: status_pb2.Status) -> Failure:
+        """From a `google.rpc.Status` (a per-item `VerifyResponse.error`, or a call's rich
+        status); the reason is taken from its first `ErrorInfo` detail."""
+        reason = None
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason = info.reason or None
+                break
+        code = _CODE_NAMES.get(status.code, f"CODE_{status.code}")
+        return cls(code, reason, status.message)
+
+    @classmethod
+    def from_rpc_error(cls, error: grpc.RpcError) -> Failure:
+        """From a failed call (the whole stream failed): its code, its rich status's
+        ErrorInfo reason when the server sent one, and its details text."""
+        code = error.code() if isinstance(error, grpc.Call) else None
+        details = error.details() if isinstance(error, grpc.Call) else None
+        try:
+            status = rpc_status.from_call(error) if isinstance(error, grpc.Call) else None
+        except ValueError:  # rich status inconsistent with the call's code/message
+            status = None
+        if status is not None:
+            return cls.from_status(status)
+        return cls(code.name if code is not None else "UNKNOWN", None, details or repr(error))
+
+
+Outcome = verify_pb2.VerifyResponse | Failure
+"""The outcome of one item: a successful `VerifyResponse` (`reward`, `reward_components`,
+...), or a `Failure`."""
+
+
+_lock = threading.Lock()
+_pid = os.getpid()
+_channels: dict[str, tuple[grpc.Channel, verify_pb2_grpc.VerifyServiceStub]] = {}
+# Channels inherited over fork: kept referenced, never used or closed in the child.
+_inherited: list[grpc.Channel] = []
+
+
+def channel(target: str) -> tuple[grpc.Channel, verify_pb2_grpc.VerifyServiceStub]:
+    """The process's channel and stub for `target` ("host:port"), created on first use.
+
+    Thread-safe. In a forked child, the parent's channels are set aside and new ones made.
+    """
+    global _pid
+    with _lock:
+        if os.getpid() != _pid:
+            _inherited.extend(ch for ch, _ in _channels.values())
+            _channels.clear()
+            _pid = os.getpid()
+        entry = _channels.get(target)
+        if entry is None:
+            ch = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+            entry = (ch, verify_pb2_grpc.VerifyServiceStub(ch))
+            _channels[target] = entry
+        return entry
+
+
+def _messages(
+    items: Sequence[verify_pb2.VerifyRequest],
+) -> Iterator[verify_pb2.VerifyStreamRequest]:
+    """`items` in VerifyStreamRequests of at most ITEMS_PER_MESSAGE items and, unless a single
+    item is bigger, at most BYTES_PER_MESSAGE bytes."""
+    chunk: list[verify_pb2.VerifyRequest] = []
+    size = 0
+    for item in items:
+        item_size = item.ByteSize()
+        if chunk and (len(chunk) == ITEMS_PER_MESSAGE or size + item_size > BYTES_PER_MESSAGE):
+            yield verify_pb2.VerifyStreamRequest(items=chunk)
+            chunk, size = [], 0
+        chunk.append(item)
+        size += item_size
+    if chunk:
+        yield verify_pb2.VerifyStreamRequest(items=chunk)
+
+
+def verify_batch(
+    target: str,
+    requests: Sequence[verify_pb2.VerifyRequest],
+    *,
+    timeout: float,
+    connect_timeout: float,
+) -> list[Outcome]:
+    """Score `requests` over one `VerifyStream` call and return one outcome per request, in
+    the order of `requests`.
+
+    Items are sent in messages of at most 64; results are matched back by `request_id`.
+    Per-item errors become `Failure`s. If the call fails as a whole (deadline, bridge gone,
+    no connection), every item without a result gets that call's `Failure`.
+
+    Args:
+        target: the bridge's "host:port".
+        requests: items with unique `request_id`s.
+        timeout: gRPC deadline of the whole call, seconds.
+        connect_timeout: most seconds to wait for a connection to the bridge (bounded by
+            `timeout`); a bridge that is still starting is waited for, not failed at once.
+
+    Raises:
+        ValueError: two requests share a `request_id`.
+        ProtocolError: the bridge answered an unknown or already answered `request_id`, or
+            ended the stream OK with items unanswered.
+    """
+    outcomes: list[Outcome | None] = [None] * len(requests)
+    index: dict[str, int] = {}
+    sendable = []
+    for i, request in enumerate(requests):
+        if request.request_id in index:
+            raise ValueError(f"duplicate request_id {request.request_id!r}")
+        if request.ByteSize() > MAX_ITEM_BYTES:
+            outcomes[i] = Failure(
+                "RESOURCE_EXHAUSTED",
+                "ITEM_TOO_LARGE",
+                f"item is {request.ByteSize()} bytes; the gRPC message limit is "
+                f"{MAX_MESSAGE_BYTES} bytes",
+            )
+            continue
+        index[request.request_id] = i
+        sendable.append(request)
+    if not sendable:
+        return outcomes  # type: ignore[return-value]
+
+    deadline = time.monotonic() + timeout
+    ch, stub = channel(target)
+    wait = min(connect_timeout, timeout)
+    ready = grpc.channel_ready_future(ch)
+    try:
+        ready.result(timeout=wait)
+    except grpc.FutureTimeoutError:
+        ready.cancel()
+        failure = Failure(
+            "DEADLINE_EXCEEDED" if wait >= timeout else "UNAVAILABLE",
+            None,
+            f"no connection to the bridge at {target} within {wait:g} s",
+        )
+        return [failure if o is None else o for o in outcomes]
+
+    call = stub.VerifyStream(
+        _messages(sendable),
+        timeout=max(deadline - time.monotonic(), 0.0),
+        wait_for_ready=True,
+    )
+    call_failure = None
+    try:
+        for message in call:
+            for result in message.results:
+                i = index.get(result.request_id)
+                if i is None or outcomes[i] is not None:
+                    call.cancel()
+                    kind = "unknown" if i is None else "duplicate"
+                    raise ProtocolError(
+                        f"bridge at {target} sent a result for {kind} request_id "
+                        f"{result.request_id[:100]!r}"
+                    )
+                outcomes[i] = (
+                    Failure.from_status(result.error) if result.HasField("error") else result
+                )
+    except grpc.RpcError as error:
+        call_failure = Failure.from_rpc_error(error)
+
+    missing = sum(o is None for o in outcomes)
+    if missing and call_failure is None:
+        raise ProtocolError(
+            f"bridge at {target} ended VerifyStream OK with {missing} of {len(sendable)} "
+            "items unanswered"
+        )
+    return [call_failure if o is None else o for o in outcomes]  # type: ignore[misc]

@@ -1,0 +1,79 @@
+"""Environment variables read by the reward functions (at call time, not at import).
+
+- `NEMO_GYM_GRPC_TARGET` (unset): "host:port" of a running bridge; unset = start an
+  embedded bridge on first use (`embedded.py`).
+- `NEMO_GYM_HEAD_URL` (`http://127.0.0.1:11000`): the NeMo Gym head server that the embedded
+  bridge of `reward_nemo_gym_verify` discovers resources servers from.
+- `NEMO_GYM_GRPC_BATCH_TIMEOUT` (600): gRPC deadline, in seconds, of one batch's
+  `VerifyStream` call.
+- `NEMO_GYM_GRPC_CONNECT_TIMEOUT` (60): seconds one batch waits for a connection to the
+  bridge (within the batch deadline) before all its items fail with UNAVAILABLE.
+- `NEMO_GYM_GRPC_STARTUP_TIMEOUT` (60): seconds to wait for an embedded bridge to serve.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+TARGET_ENV = "NEMO_GYM_GRPC_TARGET"
+HEAD_URL_ENV = "NEMO_GYM_HEAD_URL"
+BATCH_TIMEOUT_ENV = "NEMO_GYM_GRPC_BATCH_TIMEOUT"
+CONNECT_TIMEOUT_ENV = "NEMO_GYM_GRPC_CONNECT_TIMEOUT"
+STARTUP_TIMEOUT_ENV = "NEMO_GYM_GRPC_STARTUP_TIMEOUT"
+
+DEFAULT_HEAD_URL = "http://127.0.0.1:11000"  # NeMo Gym's DEFAULT_HEAD_SERVER_PORT
+DEFAULT_BATCH_TIMEOUT = 600.0
+DEFAULT_CONNECT_TIMEOUT = 60.0
+DEFAULT_STARTUP_TIMEOUT = 60.0
+
+
+def env_text(name: str) -> str | None:
+    """The value of environment variable `name` stripped of whitespace; None if unset or empty."""
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A positive, finite number of seconds from environment variable `name`.
+
+    Returns `default` when the variable is unset or empty.
+
+    Raises:
+        ValueError: the value is not a positive finite number (the message names the variable).
+    """
+    text = env_text(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={text!r} must be a positive number of seconds")
+    return value
+
+
+def target() -> str | None:
+    """`NEMO_GYM_GRPC_TARGET` ("host:port" of a running bridge), or None when unset."""
+    return env_text(TARGET_ENV)
+
+
+def head_url() -> str:
+    """`NEMO_GYM_HEAD_URL`, default "http://127.0.0.1:11000", without a trailing slash."""
+    return (env_text(HEAD_URL_ENV) or DEFAULT_HEAD_URL).rstrip("/")
+
+
+def batch_timeout() -> float:
+    """`NEMO_GYM_GRPC_BATCH_TIMEOUT` in seconds (default 600)."""
+    return env_seconds(BATCH_TIMEOUT_ENV, DEFAULT_BATCH_TIMEOUT)
+
+
+def connect_timeout() -> float:
+    """`NEMO_GYM_GRPC_CONNECT_TIMEOUT` in seconds (default 60)."""
+    return env_seconds(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT)
+
+
+def startup_timeout() -> float:
+    """`NEMO_GYM_GRPC_STARTUP_TIMEOUT` in seconds (default 60)."""
+    return env_seconds(STARTUP_TIMEOUT_ENV, DEFAULT_STARTUP_TIMEOUT)
