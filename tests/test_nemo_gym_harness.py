@@ -1,0 +1,267 @@
+"""The real-NeMo-Gym harness itself: servers answer /verify with the expected rewards, the head
+server publishes their ports, and stopping a stack leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+
+import nemo_gym_servers
+import pytest
+import requests
+import yaml
+from nemo_gym_servers import (
+    NemoGymError,
+    NemoGymServers,
+    NoSuitablePython,
+    ensure_venv,
+    example_rows,
+    find_python,
+    group_processes,
+)
+
+http = requests.Session()
+http.trust_env = False  # loopback only: never through an HTTP(S)_PROXY from the environment
+
+
+def assistant_response(text: str) -> dict:
+    """A Responses API object with one assistant message holding `text` as output_text."""
+    return {
+        "id": "resp_harness",
+        "object": "response",
+        "created_at": 1_700_000_000,
+        "model": "harness-policy",
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "output": [
+            {
+                "id": "msg_harness",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+    }
+
+
+def verify(gym: NemoGymServers, server: str, row: dict, text: str) -> dict:
+    reply = http.post(
+        f"{gym.server_urls[server]}/verify",
+        json={**row, "response": assistant_response(text)},
+        timeout=30,
+    )
+    assert reply.status_code == 200, reply.text[:2000]
+    return reply.json()
+
+
+def other_letter(row: dict) -> str:
+    letters = [key for option in row["options"] for key in option]
+    return next(letter for letter in letters if letter != row["expected_answer"])
+
+
+CASES = {
+    # server: (right answer, wrong answer) as functions of the first example row
+    "mcqa": (
+        lambda row: f"Let me think. \\boxed{{{row['expected_answer']}}}",
+        lambda row: f"Let me think. \\boxed{{{other_letter(row)}}}",
+    ),
+    "equivalence_rule": (
+        lambda row: row["expected_answer"],
+        lambda row: "Something else entirely.",
+    ),
+    "reasoning_gym": (
+        lambda row: f"Reasoning done. <answer>{row['answer']}</answer>",
+        lambda row: "Reasoning done. <answer>no idea</answer>",
+    ),
+}
+
+
+@pytest.mark.parametrize("server", sorted(CASES))
+def test_verify_rewards_right_and_wrong_answers(nemo_gym, server):
+    row = example_rows(server)[0]
+    right, wrong = CASES[server]
+    good = verify(nemo_gym, server, row, right(row))
+    bad = verify(nemo_gym, server, row, wrong(row))
+    assert (good["reward"], bad["reward"]) == (1.0, 0.0)
+    assert good["response"]["output"][0]["content"][0]["text"] == right(row)  # echoed back
+
+
+def test_mcqa_reports_what_it_extracted(nemo_gym):
+    row = example_rows("mcqa")[0]
+    reply = verify(nemo_gym, "mcqa", row, f"\\boxed{{{row['expected_answer']}}}")
+    assert reply["expected_answer"] == reply["extracted_answer"] == row["expected_answer"]
+
+
+def test_example_single_tool_call_always_rewards_one(nemo_gym):
+    for row, text in zip(example_rows("example_single_tool_call")[:2], ["sunny", ""], strict=True):
+        assert verify(nemo_gym, "example_single_tool_call", row, text)["reward"] == 1.0
+
+
+def test_head_server_lists_every_server_with_its_port(nemo_gym):
+    reply = http.get(f"{nemo_gym.head_url}/global_config_dict_yaml", timeout=10)
+    assert reply.status_code == 200
+    assert reply.headers["content-type"].startswith("application/json")
+    text = json.loads(reply.content)
+    assert isinstance(text, str)  # YAML inside a JSON string
+    config = yaml.safe_load(text)
+    for name, url in nemo_gym.server_urls.items():
+        block = config[name]["resources_servers"][name]
+        assert f"http://{block['host']}:{block['port']}" == url
+        assert block["entrypoint"] == "app.py" and block["domain"]
+    head = config["head_server"]
+    assert f"http://{head['host']}:{head['port']}" == nemo_gym.head_url
+
+
+def test_every_server_process_is_in_the_recorded_session(nemo_gym):
+    instances = http.get(f"{nemo_gym.head_url}/server_instances", timeout=10).json()
+    assert sorted(i["name"] for i in instances) == sorted(nemo_gym.server_urls)
+    members = {p.pid for p in nemo_gym.processes()}
+    assert nemo_gym.pid in members
+    assert {i["pid"] for i in instances} <= members
+
+
+def _alive(pid: int) -> bool:
+    """The pid exists and is not a zombie (an exited process its reaper has not collected)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _port_open(url: str) -> bool:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex((host, int(port))) == 0
+
+
+def test_stop_leaves_no_process_of_the_stack_behind(nemo_gym_venv):
+    gym = NemoGymServers(("example_single_tool_call",), venv=nemo_gym_venv)
+    with gym:
+        url = gym.server_urls["example_single_tool_call"]
+        assert http.get(f"{url}/", timeout=5).json() == {"status": "ok"}
+        running = gym.processes()
+        commands = " ".join(p.cmdline for p in running)
+        assert "gcs_server" in commands and "raylet" in commands  # Ray runs inside the group
+        assert "app.py" in commands
+        workdir = gym.workdir
+    assert gym.startup_seconds and gym.startup_seconds < gym.startup_timeout
+    assert gym.returncode == 0  # SIGINT reached ng_run, which shut down its servers itself
+    assert group_processes(gym.pid) == []
+    assert [p for p in running if _alive(p.pid)] == []
+    assert not _port_open(gym.head_url)
+    assert not _port_open(gym.server_urls["example_single_tool_call"])
+    assert not workdir.exists()
+    gym.stop()  # idempotent
+
+
+# --------------------------------------------------------------------------------------------
+# Cheap checks of the harness's own logic (no servers)
+
+
+def _fake_python(tmp_path: Path, version: str) -> str:
+    script = tmp_path / f"python{version}"
+    script.write_text(f"#!/bin/sh\necho {version}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def test_find_python_gives_a_runnable_312_or_newer():
+    try:
+        python = find_python()
+    except NoSuitablePython as exc:
+        pytest.skip(str(exc))
+    major_minor = nemo_gym_servers._python_version(python)
+    assert major_minor is not None and major_minor >= (3, 12)
+
+
+def test_find_python_rejects_a_too_old_nemo_gym_python(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEMO_GYM_PYTHON", _fake_python(tmp_path, "3.11"))
+    with pytest.raises(NoSuitablePython, match=r"3\.11.*Install"):
+        find_python()
+    monkeypatch.setenv("NEMO_GYM_PYTHON", str(tmp_path / "missing"))
+    with pytest.raises(NoSuitablePython, match="does not run"):
+        find_python()
+
+
+def test_ensure_venv_rebuilds_an_unmarked_venv_once_under_a_lock(tmp_path, monkeypatch):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "half-built").write_text("left by an interrupted build")
+    builds = []
+    real_build = nemo_gym_servers._build_venv
+
+    def counting_build(*args):
+        builds.append(args[0])
+        time.sleep(0.5)  # the other caller must wait for the lock meanwhile
+        real_build(*args)
+
+    monkeypatch.setattr(nemo_gym_servers, "_build_venv", counting_build)
+    results = []
+
+    def call():
+        results.append(ensure_venv(venv, python=sys.executable, packages=(), import_check=()))
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [venv, venv] and builds == [venv]
+    assert not (venv / "half-built").exists()
+    marker = json.loads((venv / nemo_gym_servers.MARKER_NAME).read_text())
+    assert marker["nemo_gym"] == nemo_gym_servers.NEMO_GYM_VERSION
+    assert ensure_venv(venv, python="/nonexistent") == venv  # marked: no rebuild, no python
+
+
+def test_ensure_venv_honours_nemo_gym_venv(tmp_path, monkeypatch):
+    venv = tmp_path / "from-env"
+    monkeypatch.setenv("NEMO_GYM_VENV", str(venv))
+    built = ensure_venv(python=sys.executable, packages=(), import_check=())
+    assert built == venv and nemo_gym_servers.venv_is_complete(venv)
+
+
+def test_example_rows_are_the_shipped_rows(nemo_gym_venv):
+    rows = example_rows("mcqa", nemo_gym_venv)
+    assert len(rows) >= 1 and all("responses_create_params" in row for row in rows)
+    rows[0]["expected_answer"] = "changed"
+    assert example_rows("mcqa", nemo_gym_venv)[0]["expected_answer"] != "changed"
+    with pytest.raises(NemoGymError, match="no_such_server"):
+        example_rows("no_such_server", nemo_gym_venv)
+
+
+def test_start_bridge_reports_a_bridge_that_dies_with_its_stderr(start_bridge):
+    with pytest.raises(NemoGymError, match="unrecognized arguments"):
+        start_bridge("--no-such-flag")
+
+
+def test_started_bridge_has_a_target_and_stops_on_sigterm(start_bridge):
+    bridge = start_bridge("--server", "x=http://127.0.0.1:9")
+    host, port = bridge.target.rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0
+    assert _port_open(f"http://{bridge.target}")
+    assert bridge.stop() == 0  # graceful
+    assert not _alive(bridge.pid)
+
+
+def test_free_ports_are_distinct_and_bindable():
+    ports = nemo_gym_servers.free_ports(5)
+    assert len(set(ports)) == 5
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_offline_env_never_lets_uv_download_python():
+    env = nemo_gym_servers.offline_env({"RAY_ADDRESS": "x:1", "PATH": os.defpath})
+    assert env["UV_PYTHON_DOWNLOADS"] == "never"
+    assert "RAY_ADDRESS" not in env and env["RAY_USAGE_STATS_ENABLED"] == "0"
