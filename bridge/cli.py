@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from nemo_gym_grpc.bridge.server import BridgeConfig, serve
 from nemo_gym_grpc.bridge.verifier import RetryPolicy
+
+TOKEN_ENV = "NEMO_GYM_GRPC_TOKEN"
 
 
 def _server_entry(text: str) -> tuple[str, str]:
@@ -76,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="most items one VerifyStream holds at once (default %(default)s)",
     )
     serve_cmd.add_argument(
+        "--max-streams",
+        type=int,
+        default=256,
+        help="most concurrent VerifyStream calls (default %(default)s)",
+    )
+    serve_cmd.add_argument(
         "--max-message-mb",
         type=int,
         default=64,
@@ -85,10 +94,48 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace", type=float, default=10.0, help="shutdown grace seconds (default %(default)s)"
     )
     serve_cmd.add_argument(
+        "--max-connection-age",
+        type=float,
+        default=0.0,
+        help="seconds before a client connection is asked to reconnect, so long-lived "
+        "clients rebalance across replicas (default 0 = never)",
+    )
+    serve_cmd.add_argument("--tls-cert", type=Path, help="PEM certificate chain (TLS)")
+    serve_cmd.add_argument("--tls-key", type=Path, help="PEM private key (TLS)")
+    serve_cmd.add_argument(
+        "--tls-client-ca", type=Path, help="PEM CA bundle; require client certificates (mTLS)"
+    )
+    serve_cmd.add_argument(
+        "--token-file",
+        type=Path,
+        help=f"file holding the bearer token clients must send (else env {TOKEN_ENV})",
+    )
+    serve_cmd.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --listen without TLS or a token",
+    )
+    serve_cmd.add_argument(
         "--ready-file", type=Path, help="write the bound host:port here once serving"
+    )
+    serve_cmd.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started the bridge exits (embedded use)",
+    )
+    serve_cmd.add_argument(
+        "--health-interval",
+        type=float,
+        default=5.0,
+        help="seconds between readiness probes of the upstreams (default %(default)s)",
     )
     serve_cmd.add_argument("--log-level", default="INFO", help="logging level")
     return parser
+
+
+def _token(path: Path | None) -> str | None:
+    text = path.read_text() if path else os.environ.get(TOKEN_ENV, "")
+    return text.strip() or None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,11 +160,20 @@ def main(argv: list[str] | None = None) -> int:
         max_stream_items=args.max_stream_items,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         grace=args.grace,
+        max_streams=args.max_streams,
+        max_connection_age=args.max_connection_age,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        token=_token(args.token_file),
+        insecure=args.insecure,
         ready_file=args.ready_file,
+        exit_with_parent=args.exit_with_parent,
+        health_interval=args.health_interval,
     )
     try:
         asyncio.run(serve(config))
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError, OSError) as exc:
         print(f"nemo-gym-grpc: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -1,8 +1,10 @@
-"""Run the bridge: a grpc.aio server on one event loop, an aiohttp session for the upstreams."""
+"""Run the bridge: a grpc.aio server on one event loop, an aiohttp session for the upstreams,
+health checking, reflection, optional TLS/mTLS and bearer-token auth, graceful drain."""
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import signal
@@ -11,7 +13,12 @@ from pathlib import Path
 
 import aiohttp
 import grpc
+from grpc_health.v1 import health, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
+from nemo_gym_grpc.bridge.auth import BearerTokenInterceptor
+from nemo_gym_grpc.bridge.health import SERVICE_NAME, Readiness
+from nemo_gym_grpc.bridge.limits import StreamLimitInterceptor
 from nemo_gym_grpc.bridge.service import VerifyService
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.bridge.verifier import RetryPolicy, Verifier
@@ -30,14 +37,23 @@ class BridgeConfig:
         listen: gRPC address "host:port" (port 0 = any free port).
         head_url: NeMo Gym head server base URL for discovery, or None.
         servers: static {resources server name: base URL}.
-        verify_timeout: default seconds for one upstream `/verify` call.
+        verify_timeout: default seconds for one upstream `/verify` attempt.
         max_in_flight: most concurrent `/verify` calls per upstream.
         retry: retry policy for transient upstream failures (UNAVAILABLE, RESOURCE_EXHAUSTED).
         max_stream_items: most items one VerifyStream holds at once.
+        max_streams: most concurrent VerifyStream calls.
         max_message_bytes: gRPC receive/send limit per message, bytes (gRPC's default
             receive limit of 4 MiB is too small for 64 long completions).
         grace: seconds in-flight RPCs get to finish on SIGTERM/SIGINT.
+        max_connection_age: seconds after which a client connection is asked to reconnect
+            (GOAWAY), so long-lived clients rebalance across replicas; 0 = never.
+        tls_cert, tls_key: PEM files; both set = serve TLS.
+        tls_client_ca: PEM CA bundle; set = require client certificates (mTLS).
+        token: bearer token clients must send; None = no token auth.
+        insecure: allow a non-loopback listen address without TLS or token.
         ready_file: if set, "host:port" of the bound address is written here once serving.
+        exit_with_parent: stop when the parent process (the one that started us) exits.
+        health_interval: seconds between readiness rounds.
     """
 
     listen: str = "127.0.0.1:50051"
@@ -47,25 +63,102 @@ class BridgeConfig:
     max_in_flight: int = 64
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_stream_items: int = 4096
+    max_streams: int = 256
     max_message_bytes: int = 64 * MiB
     grace: float = 10.0
+    max_connection_age: float = 0.0
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    token: str | None = None
+    insecure: bool = False
     ready_file: Path | None = None
+    exit_with_parent: bool = False
+    health_interval: float = 5.0
+
+
+def is_loopback(listen: str) -> bool:
+    """True for unix: sockets and loopback hosts (127.0.0.0/8, ::1, localhost)."""
+    if listen.startswith("unix:"):
+        return True
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(config: BridgeConfig) -> None:
+    """Refuse a non-loopback listen address with neither TLS nor a token, unless insecure.
+
+    Raises:
+        ValueError: naming the address and the flags that allow it; also for half a TLS pair.
+    """
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if config.tls_client_ca and not config.tls_cert:
+        raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+    if is_loopback(config.listen) or config.tls_cert or config.token or config.insecure:
+        return
+    raise ValueError(
+        f"refusing to listen on non-loopback {config.listen} without TLS or a token: "
+        "set --tls-cert/--tls-key and/or --token-file (or NEMO_GYM_GRPC_TOKEN), "
+        "or pass --insecure"
+    )
 
 
 def grpc_options(config: BridgeConfig) -> list[tuple[str, int]]:
-    """grpc.aio server options: message limits and no accidental port sharing."""
-    return [
+    """grpc.aio server options: message limits, keepalive, connection age, no port sharing."""
+    options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.so_reuseport", 0),
+        # Ping idle clients every 60 s; drop ones silent for 20 s more. Accept client pings
+        # every 10 s or slower.
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ]
+    if config.max_connection_age > 0:
+        options += [
+            ("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(config.grace * 1000)),
+        ]
+    return options
+
+
+def _credentials(config: BridgeConfig) -> grpc.ServerCredentials | None:
+    if not config.tls_cert or not config.tls_key:
+        return None
+    ca = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
+
+
+async def _watch_parent(stop: asyncio.Event) -> None:
+    parent = os.getppid()
+    while os.getppid() == parent:  # noqa: ASYNC110 (no event exists for a parent exit)
+        await asyncio.sleep(1.0)
+    log.warning("parent process %d exited: stopping", parent)
+    stop.set()
 
 
 async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None:
-    """Serve until SIGTERM/SIGINT (or `stop` is set), then drain for `config.grace` seconds.
+    """Serve until SIGTERM/SIGINT (or `stop` is set), then drain.
 
-    Raises RuntimeError when the listen address cannot be bound.
+    Drain: health goes NOT_SERVING, new calls get UNAVAILABLE, in-flight calls get
+    `config.grace` seconds to finish, then the rest are cancelled.
+
+    Raises:
+        ValueError: an unsafe or inconsistent exposure (see `check_exposure`).
+        RuntimeError: the listen address cannot be bound.
     """
+    check_exposure(config)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -74,32 +167,45 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
     async with aiohttp.ClientSession(connector=connector) as session:
         upstreams = Upstreams(config.servers, config.head_url, session)
-        if config.head_url:
-            try:
-                found = await upstreams.discover()
-                log.info("discovered from %s: %s", config.head_url, found or "no servers")
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                log.warning(
-                    "discovery from %s failed (will retry on demand): %r", config.head_url, exc
-                )
-        for entry in upstreams.entries():
-            log.info("route %s -> %s (%s)", entry.name, ", ".join(entry.urls), entry.source)
-
-        server = grpc.aio.server(options=grpc_options(config))
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            StreamLimitInterceptor(config.max_streams)
+        ]
+        if config.token:
+            interceptors.insert(0, BearerTokenInterceptor(config.token))
+        server = grpc.aio.server(options=grpc_options(config), interceptors=interceptors)
         verifier = Verifier(
             upstreams, session, config.verify_timeout, config.max_in_flight, config.retry
         )
         verify_pb2_grpc.add_VerifyServiceServicer_to_server(
             VerifyService(verifier, config.max_stream_items), server
         )
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        credentials = _credentials(config)
         try:
-            port = server.add_insecure_port(config.listen)
+            if credentials:
+                port = server.add_secure_port(config.listen, credentials)
+            else:
+                port = server.add_insecure_port(config.listen)
         except RuntimeError as exc:
             raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from None
+        readiness = Readiness(health_servicer, upstreams, session, config.health_interval)
+        await readiness.round()  # routes (and the SERVING status) before the first call
         await server.start()
-        host = config.listen.rsplit(":", 1)[0]
-        address = f"{host}:{port}"
-        log.info("nemo-gym-grpc bridge listening on %s (pid %d)", address, os.getpid())
+        background = [asyncio.create_task(readiness.run())]
+        if config.exit_with_parent:
+            background.append(asyncio.create_task(_watch_parent(stop)))
+        address = f"{config.listen.rsplit(':', 1)[0]}:{port}"
+        log.info(
+            "nemo-gym-grpc bridge listening on %s (pid %d, %s%s)",
+            address,
+            os.getpid(),
+            "TLS" if credentials else "plaintext",
+            ", token auth" if config.token else "",
+        )
         if config.ready_file:
             tmp = config.ready_file.with_name(config.ready_file.name + ".tmp")
             tmp.write_text(address + "\n")
@@ -107,5 +213,9 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
         try:
             await stop.wait()
         finally:
-            log.info("stopping: %.1f s grace for in-flight RPCs", config.grace)
+            log.info("draining: NOT_SERVING, %.1f s grace for in-flight calls", config.grace)
+            await health_servicer.enter_graceful_shutdown()
+            for task in background:
+                task.cancel()
             await server.stop(config.grace)
+            log.info("stopped")

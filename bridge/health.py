@@ -1,0 +1,104 @@
+"""gRPC health checking (`grpc.health.v1`) for the bridge.
+
+Statuses kept:
+- `""` (the whole server) and `nemo_gym_grpc.v1.VerifyService`: NOT_SERVING until the routing
+  table is known (a `--server` entry exists or one head-server discovery succeeded), SERVING
+  after, NOT_SERVING again while draining.
+- `nemo_gym_grpc.v1.VerifyService/<resources server name>`: the readiness view, SERVING while
+  that upstream answers NeMo Gym's liveness route `GET /` with 200, else NOT_SERVING.
+Kubernetes' gRPC probes and grpc-health-probe read these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+from grpc_health.v1 import health, health_pb2
+
+from nemo_gym_grpc.bridge.upstreams import Upstreams
+from nemo_gym_grpc.v1 import verify_pb2
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = verify_pb2.DESCRIPTOR.services_by_name["VerifyService"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def upstream_service_name(name: str) -> str:
+    """The health service name of one resources server's readiness."""
+    return f"{SERVICE_NAME}/{name}"
+
+
+class Readiness:
+    """Keeps the health statuses above up to date.
+
+    Args:
+        servicer: the server's `health.aio.HealthServicer`.
+        upstreams: the routing table (discovery runs through it).
+        session: aiohttp session for the liveness probes.
+        interval: seconds between rounds (re-discovery while unknown, upstream probes).
+        probe_timeout: seconds for one upstream `GET /`.
+    """
+
+    def __init__(
+        self,
+        servicer: health.aio.HealthServicer,
+        upstreams: Upstreams,
+        session: aiohttp.ClientSession,
+        interval: float = 5.0,
+        probe_timeout: float = 2.0,
+    ) -> None:
+        self._servicer = servicer
+        self._upstreams = upstreams
+        self._session = session
+        self._interval = interval
+        self._probe_timeout = probe_timeout
+        self.known = False
+        self._answering: dict[str, bool] = {}
+
+    async def run(self) -> None:
+        """Run rounds forever (cancel to stop). The first round runs at once."""
+        while True:
+            await self.round()
+            await asyncio.sleep(self._interval)
+
+    async def round(self) -> None:
+        """One round: discover while the table is unknown, then probe every upstream."""
+        if not self.known:
+            await self._learn_routes()
+        entries = self._upstreams.entries()
+        answers = await asyncio.gather(*(self._probe(e.urls[0]) for e in entries))
+        for entry, ok in zip(entries, answers, strict=True):
+            if self._answering.get(entry.name) != ok:
+                log.info("resources server %s %s", entry.name, "answers" if ok else "is DOWN")
+                self._answering[entry.name] = ok
+            await self._servicer.set(
+                upstream_service_name(entry.name), SERVING if ok else NOT_SERVING
+            )
+
+    async def _learn_routes(self) -> None:
+        discovered = False
+        if self._upstreams.head_url:
+            try:
+                found = await self._upstreams.discover()
+                log.info("discovered from %s: %s", self._upstreams.head_url, found or "none")
+                discovered = True
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                log.warning("discovery from %s failed: %r", self._upstreams.head_url, exc)
+        self.known = discovered or bool(self._upstreams.names())
+        if self.known:
+            for entry in self._upstreams.entries():
+                log.info("route %s -> %s (%s)", entry.name, ", ".join(entry.urls), entry.source)
+            await self._servicer.set("", SERVING)
+            await self._servicer.set(SERVICE_NAME, SERVING)
+
+    async def _probe(self, url: str) -> bool:
+        try:
+            timeout = aiohttp.ClientTimeout(total=self._probe_timeout)
+            async with self._session.get(f"{url}/", timeout=timeout) as reply:
+                return reply.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
