@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from nemo_gym_grpc.bridge.auth import BearerTokenInterceptor
-from nemo_gym_grpc.bridge.health import SERVICE_NAME, Readiness
+from nemo_gym_grpc.bridge.health import NOT_SERVING, SERVICE_NAME, Readiness
 from nemo_gym_grpc.bridge.limits import StreamLimitInterceptor
 from nemo_gym_grpc.bridge.service import VerifyService
 from nemo_gym_grpc.bridge.upstreams import Upstreams
@@ -192,6 +192,8 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
                 port = server.add_insecure_port(config.listen)
         except RuntimeError as exc:
             raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from None
+        for service in ("", SERVICE_NAME):  # the servicer starts "" as SERVING
+            await health_servicer.set(service, NOT_SERVING)
         readiness = Readiness(health_servicer, upstreams, session, config.health_interval)
         await readiness.round()  # routes (and the SERVING status) before the first call
         await server.start()
