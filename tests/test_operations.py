@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -90,6 +94,82 @@ def test_reflection_lets_a_generic_client_call_verify_without_the_proto(bridge_t
         request = request_class.FromString(mcqa_request("reflected").SerializeToString())
         response = call(request, timeout=30)
     assert (response.request_id, response.reward) == ("reflected", 1.0)
+
+
+class _Slow(BaseHTTPRequestHandler):
+    """Answers every POST with reward 1.0 after `delay` seconds; counts requests received."""
+
+    delay = 2.0
+    received = 0
+
+    def do_POST(self) -> None:
+        _Slow.received += 1
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(_Slow.delay)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"reward": 1.0}')
+
+    do_GET = do_POST
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def slow_upstream():
+    """A scripted upstream that takes 2 s per request (a real server cannot be told to)."""
+    _Slow.received = 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_sigterm_drains_health_not_serving_new_calls_refused_in_flight_finish(
+    start_bridge, slow_upstream
+):
+    bridge = start_bridge(
+        "--server",
+        f"slow=http://127.0.0.1:{slow_upstream}",
+        "--grace",
+        "20",
+        "--health-interval",
+        "60",
+    )
+    items = [
+        verify_pb2.VerifyRequest(request_id=str(i), resources_server="slow", completion="x")
+        for i in range(4)
+    ]
+    with grpc.insecure_channel(bridge.target) as channel:
+        stub = verify_pb2_grpc.VerifyServiceStub(channel)
+        watch = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=""), timeout=60
+        )
+        assert next(watch).status == SERVING
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(
+                lambda: [
+                    r
+                    for m in stub.VerifyStream(
+                        iter([verify_pb2.VerifyStreamRequest(items=items)]), timeout=60
+                    )
+                    for r in m.results
+                ]
+            )
+            while _Slow.received < 4 + 1:  # the 4 items and the readiness probe
+                time.sleep(0.05)
+            os.kill(bridge.pid, signal.SIGTERM)
+            assert next(watch).status == NOT_SERVING
+            with grpc.insecure_channel(bridge.target) as fresh:
+                with pytest.raises(grpc.RpcError) as refused:
+                    verify_pb2_grpc.VerifyServiceStub(fresh).Verify(items[0], timeout=10)
+            results = in_flight.result(timeout=60)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert sorted((r.request_id, r.reward) for r in results) == [(str(i), 1.0) for i in range(4)]
+    assert bridge.proc.wait(timeout=30) == 0
 
 
 # --- TLS, mTLS and tokens --------------------------------------------------------------
