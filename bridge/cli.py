@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from nemo_gym_grpc.bridge.server import BridgeConfig, serve
+from nemo_gym_grpc.bridge.server import BridgeConfig, check_exposure, serve
 from nemo_gym_grpc.bridge.verifier import RetryPolicy
+from nemo_gym_grpc.bridge.workers import run_workers
 
 TOKEN_ENV = "NEMO_GYM_GRPC_TOKEN"
 
@@ -129,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds between readiness probes of the upstreams (default %(default)s)",
     )
+    serve_cmd.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="bridge processes sharing the port via SO_REUSEPORT, one per core "
+        "(default %(default)s)",
+    )
     serve_cmd.add_argument("--log-level", default="INFO", help="logging level")
     return parser
 
@@ -172,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         health_interval=args.health_interval,
     )
     try:
+        if args.workers > 1:
+            check_exposure(config)  # fail before forking
+            return run_workers(config, args.workers)
         asyncio.run(serve(config))
     except (RuntimeError, ValueError, OSError) as exc:
         print(f"nemo-gym-grpc: {exc}", file=sys.stderr)

@@ -51,6 +51,7 @@ class BridgeConfig:
         tls_client_ca: PEM CA bundle; set = require client certificates (mTLS).
         token: bearer token clients must send; None = no token auth.
         insecure: allow a non-loopback listen address without TLS or token.
+        reuse_port: let several processes bind the same port (`serve --workers N`).
         ready_file: if set, "host:port" of the bound address is written here once serving.
         exit_with_parent: stop when the parent process (the one that started us) exits.
         health_interval: seconds between readiness rounds.
@@ -72,6 +73,7 @@ class BridgeConfig:
     tls_client_ca: Path | None = None
     token: str | None = None
     insecure: bool = False
+    reuse_port: bool = False
     ready_file: Path | None = None
     exit_with_parent: bool = False
     health_interval: float = 5.0
@@ -114,7 +116,7 @@ def grpc_options(config: BridgeConfig) -> list[tuple[str, int]]:
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(config.reuse_port)),
         # Ping idle clients every 60 s; drop ones silent for 20 s more. Accept client pings
         # every 10 s or slower.
         ("grpc.keepalive_time_ms", 60_000),
@@ -209,9 +211,7 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
             ", token auth" if config.token else "",
         )
         if config.ready_file:
-            tmp = config.ready_file.with_name(config.ready_file.name + ".tmp")
-            tmp.write_text(address + "\n")
-            tmp.replace(config.ready_file)
+            write_ready_file(config.ready_file, address)
         try:
             await stop.wait()
         finally:
@@ -221,3 +221,10 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
                 task.cancel()
             await server.stop(config.grace)
             log.info("stopped")
+
+
+def write_ready_file(path: Path, address: str) -> None:
+    """Atomically write "host:port\\n" to `path` (readers never see a partial file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(address + "\n")
+    tmp.replace(path)

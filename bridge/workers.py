@@ -1,0 +1,102 @@
+"""`serve --workers N`: N bridge processes sharing one port (SO_REUSEPORT).
+
+The supervisor forks the workers before any gRPC object exists (gRPC supports fork only
+then), forwards SIGTERM/SIGINT to them, and exits with the worst exit status. The kernel
+spreads new connections across the workers; each connection (and so each stream) stays with
+one worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import time
+
+from nemo_gym_grpc.bridge.server import BridgeConfig, serve, write_ready_file
+
+log = logging.getLogger(__name__)
+
+
+def _resolve_port(listen: str) -> str:
+    """`listen` with port 0 replaced by a free port (all workers must bind the same one)."""
+    host, port = listen.rsplit(":", 1)
+    if port != "0":
+        return listen
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.bind((host.strip("[]"), 0))
+        return f"{host}:{probe.getsockname()[1]}"
+
+
+def _worker(config: BridgeConfig) -> int:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        asyncio.run(serve(config))
+    except Exception:
+        log.exception("worker %d failed", os.getpid())
+        return 1
+    return 0
+
+
+def run_workers(config: BridgeConfig, workers: int) -> int:
+    """Run `workers` bridge processes on one port until they exit. Returns the exit status.
+
+    `config.ready_file`, if set, is written once every worker serves.
+    """
+    listen = _resolve_port(config.listen)
+    ready_files = []
+    children: dict[int, int] = {}
+    for index in range(workers):
+        ready = (
+            config.ready_file.with_name(f"{config.ready_file.name}.{index}")
+            if (config.ready_file)
+            else None
+        )
+        ready_files.append(ready)
+        child_config = dataclasses.replace(
+            config, listen=listen, reuse_port=True, ready_file=ready, exit_with_parent=True
+        )
+        pid = os.fork()
+        if pid == 0:
+            os._exit(_worker(child_config))
+        children[pid] = index
+    log.info("started %d workers on %s: pids %s", workers, listen, sorted(children))
+
+    def forward(signum: int, _frame: object) -> None:
+        for pid in children:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    parent = os.getppid()
+    status = 0
+    announced = config.ready_file is None
+    while children:
+        pid, code = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            children.pop(pid, None)
+            status = max(status, os.waitstatus_to_exitcode(code) and 1)
+            if children and code:
+                log.error("worker %d exited with %d: stopping the others", pid, code)
+                forward(signal.SIGTERM, None)
+            continue
+        if not announced and all(r is not None and r.exists() for r in ready_files):
+            write_ready_file(config.ready_file, listen)
+            announced = True
+        if config.exit_with_parent and os.getppid() != parent:
+            log.warning("parent process %d exited: stopping workers", parent)
+            forward(signal.SIGTERM, None)
+            parent = os.getppid()
+        time.sleep(0.1)
+    for ready in ready_files:
+        if ready is not None:
+            ready.unlink(missing_ok=True)
+    return status
