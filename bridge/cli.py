@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from pythonjsonlogger.json import JsonFormatter
+
 from nemo_gym_grpc.bridge.server import BridgeConfig, check_exposure, serve
 from nemo_gym_grpc.bridge.verifier import RetryPolicy
 from nemo_gym_grpc.bridge.workers import run_workers
@@ -138,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)s)",
     )
     serve_cmd.add_argument("--log-level", default="INFO", help="logging level")
+    serve_cmd.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text lines, or one JSON object per line for log collectors (default %(default)s)",
+    )
     return parser
 
 
@@ -149,11 +157,14 @@ def _token(path: Path | None) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `nemo-gym-grpc` console script. Returns the exit status."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    if args.log_format == "json":
+        handler.setFormatter(
+            JsonFormatter("%(asctime)s %(levelname)s %(name)s %(process)d %(message)s")
+        )
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     if not args.head_url and not args.server:
         logging.getLogger(__name__).warning(
             "no --head-url and no --server: every item will fail with NOT_FOUND"

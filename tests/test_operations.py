@@ -412,3 +412,14 @@ def test_no_request_field_can_point_the_bridge_at_another_host_port_or_path(
     for result in results.values():
         assert result.error.code == code_pb2.NOT_FOUND
     assert _Canary.hits == []
+
+
+def test_json_log_format_writes_one_json_object_per_line(start_bridge, nemo_gym):
+    bridge = start_bridge("--head-url", nemo_gym.head_url, "--log-format", "json")
+    os.kill(bridge.pid, signal.SIGTERM)
+    assert bridge.proc.wait(timeout=30) == 0
+    records = [json.loads(line) for line in bridge.stderr_path.read_text().splitlines()]
+    messages = [r["message"] for r in records]
+    assert any(m.startswith("nemo-gym-grpc bridge listening on") for m in messages)
+    assert {r["levelname"] for r in records} <= {"INFO", "WARNING"}
+    assert all(r["name"].startswith("nemo_gym_grpc.") for r in records)
