@@ -62,6 +62,7 @@ class VerifyRequest(_message.Message):
     RESPONSE_JSON_FIELD_NUMBER: _builtins.int
     INCLUDE_REPLY_FIELD_NUMBER: _builtins.int
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    SEED_SESSION_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Set by the client; echoed unchanged in the matching VerifyResponse.
     Must be unique among the items in flight on one VerifyStream.
@@ -105,6 +106,15 @@ class VerifyRequest(_message.Message):
     (`--verify-timeout`, 30 s unless set). Always also bounded by the RPC's
     own gRPC deadline.
     """
+    seed_session: _builtins.bool
+    """If true, the item runs as its own NeMo Gym session: the bridge first
+    posts the row to the resources server's `/seed_session`, keeps the
+    cookies that reply sets and sends exactly those (and no other item's)
+    with this item's `/verify`. Needed by stateful resources servers that
+    read the session in `/verify` (e.g. example_session_state_mgmt). The
+    bridge also does this for every item of a server started with
+    `--session-server NAME`. Default false.
+    """
     @_builtins.property
     def prompt(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]:
         """Simple typed form of the prompt, for stacks that do not build NeMo Gym
@@ -125,10 +135,11 @@ class VerifyRequest(_message.Message):
         response_json: _builtins.str = ...,
         include_reply: _builtins.bool = ...,
         timeout_seconds: _builtins.float = ...,
+        seed_session: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "include_reply", b"include_reply", "model", b"model", "prompt", b"prompt", "request_id", b"request_id", "resources_server", b"resources_server", "response_json", b"response_json", "responses_create_params_json", b"responses_create_params_json", "row_json", b"row_json", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "include_reply", b"include_reply", "model", b"model", "prompt", b"prompt", "request_id", b"request_id", "resources_server", b"resources_server", "response_json", b"response_json", "responses_create_params_json", b"responses_create_params_json", "row_json", b"row_json", "seed_session", b"seed_session", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
