@@ -3,24 +3,37 @@
 Drop-in for axolotl's `axolotl.integrations.nemo_gym.rewards` (same names and call shapes):
 
 - `reward_nemo_gym_verify`: each completion scored by its resources server's `/verify`, the
-  whole batch over one gRPC `VerifyStream`; a failed item gives None, never 0.0.
+  whole batch over one gRPC `VerifyStream`; a failed item gives None (by default), never a
+  silent 0.0. `reward_nemo_gym_verify_async`: the same as a coroutine function (grpc.aio),
+  for TRL's async reward path.
 - `create_nemo_gym_reward_fn(global_config, verify_endpoints, ...)`: the same, bound to
-  explicit endpoints.
+  explicit endpoints, with the failure policy (`on_error`, `max_failure_fraction`) and
+  `asynchronous` as keywords.
 - `reward_env`: passthrough of a precomputed `env_reward`.
+- `ScoringError`: raised when a call fails under its failure policy.
 
 Load by dotted path, e.g. in an axolotl config
 `trl.reward_funcs: [nemo_gym_grpc.rewards.reward_nemo_gym_verify]`.
 Configuration is by environment variable (see `settings.py`): `NEMO_GYM_GRPC_TARGET`,
 `NEMO_GYM_HEAD_URL`, `NEMO_GYM_GRPC_BATCH_TIMEOUT`, `NEMO_GYM_GRPC_CONNECT_TIMEOUT`,
-`NEMO_GYM_GRPC_STARTUP_TIMEOUT`. Modules: `functions` (the reward functions), `convert`
-(arguments -> VerifyRequests), `client` (channels, the VerifyStream call), `embedded` (the
-zero-config bridge subprocess).
+`NEMO_GYM_GRPC_STARTUP_TIMEOUT`, `NEMO_GYM_GRPC_ON_ERROR`, `NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`.
+Modules: `functions` (the reward functions), `convert` (arguments -> VerifyRequests), `client`
+(channels, the VerifyStream call), `policy` (what failed items give), `extras` (TRL's
+`log_metric` / `log_extra`), `embedded` (the zero-config bridge subprocess).
 """
 
 from nemo_gym_grpc.rewards.functions import (
     create_nemo_gym_reward_fn,
     reward_env,
     reward_nemo_gym_verify,
+    reward_nemo_gym_verify_async,
 )
+from nemo_gym_grpc.rewards.policy import ScoringError
 
-__all__ = ["create_nemo_gym_reward_fn", "reward_env", "reward_nemo_gym_verify"]
+__all__ = [
+    "ScoringError",
+    "create_nemo_gym_reward_fn",
+    "reward_env",
+    "reward_nemo_gym_verify",
+    "reward_nemo_gym_verify_async",
+]

@@ -1,9 +1,16 @@
-"""The gRPC client side: one sync channel per bridge target, batches over `VerifyStream`.
+"""The gRPC client side: batches over `VerifyStream`, sync (`verify_batch`) and asyncio
+(`verify_batch_async`).
 
-TRL calls reward functions synchronously, so this uses grpcio's sync API. Channels are created
-lazily, one per target per process, shared by all threads (a grpc channel is thread-safe; the
-cache is guarded by a lock) and re-created in a forked child (grpc state does not survive
-fork; the pid is checked on every lookup).
+Sync: TRL calls most reward functions synchronously, so `verify_batch` uses grpcio's sync API.
+Its channels are created lazily, one per target per process, shared by all threads (a grpc
+channel is thread-safe; the cache is guarded by a lock) and re-created in a forked child (grpc
+state does not survive fork; the pid is checked on every lookup).
+
+Async: `verify_batch_async` uses `grpc.aio` with a channel of its own per call, opened and
+closed inside the call. A `grpc.aio` channel belongs to the event loop it was created on, so a
+shared one would fail ("bound to a different event loop") when TRL's reward loop, a test's
+`asyncio.run` or another thread's loop calls next; one connection per batch costs a loopback
+handshake (about a millisecond) per training step.
 
 Channel options (see `CHANNEL_OPTIONS`):
 - `grpc.max_receive_message_length` / `grpc.max_send_message_length` = 64 MiB: gRPC's default
@@ -16,6 +23,7 @@ Channel options (see `CHANNEL_OPTIONS`):
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -87,12 +95,14 @@ class Failure:
 
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError) -> Failure:
-        """From a failed call (the whole stream failed): its code, its rich status's
-        ErrorInfo reason when the server sent one, and its details text."""
-        code = error.code() if isinstance(error, grpc.Call) else None
-        details = error.details() if isinstance(error, grpc.Call) else None
+        """From a failed call (the whole stream failed; a sync `grpc.Call` error or a
+        `grpc.aio.AioRpcError`): its code, its rich status's ErrorInfo reason when the server
+        sent one, and its details text."""
+        has_status = callable(getattr(error, "code", None))
+        code = error.code() if has_status else None
+        details = error.details() if has_status else None
         try:
-            status = rpc_status.from_call(error) if isinstance(error, grpc.Call) else None
+            status = rpc_status.from_call(error) if has_status else None
         except ValueError:  # rich status inconsistent with the call's code/message
             status = None
         if status is not None:
@@ -149,6 +159,65 @@ def _messages(
         yield verify_pb2.VerifyStreamRequest(items=chunk)
 
 
+class _Results:
+    """The outcomes of one batch as they arrive, matched to the requests by `request_id`.
+
+    Items over the message limit get their failure up front and are not sent (`sendable`).
+    """
+
+    def __init__(self, target: str, requests: Sequence[verify_pb2.VerifyRequest]) -> None:
+        self.target = target
+        self.outcomes: list[Outcome | None] = [None] * len(requests)
+        self.index: dict[str, int] = {}
+        self.sendable: list[verify_pb2.VerifyRequest] = []
+        for i, request in enumerate(requests):
+            if request.request_id in self.index:
+                raise ValueError(f"duplicate request_id {request.request_id!r}")
+            size = request.ByteSize()
+            if size > MAX_ITEM_BYTES:
+                self.outcomes[i] = Failure(
+                    "RESOURCE_EXHAUSTED",
+                    "ITEM_TOO_LARGE",
+                    f"item is {size} bytes; the gRPC message limit is {MAX_MESSAGE_BYTES} bytes",
+                )
+                continue
+            self.index[request.request_id] = i
+            self.sendable.append(request)
+
+    def add(self, result: verify_pb2.VerifyResponse) -> None:
+        """Record one result. Raises ProtocolError for an unknown or repeated request_id."""
+        i = self.index.get(result.request_id)
+        if i is None or self.outcomes[i] is not None:
+            kind = "unknown" if i is None else "duplicate"
+            raise ProtocolError(
+                f"bridge at {self.target} sent a result for {kind} request_id "
+                f"{result.request_id[:100]!r}"
+            )
+        self.outcomes[i] = Failure.from_status(result.error) if result.HasField("error") else result
+
+    def finish(self, call_failure: Failure | None) -> list[Outcome]:
+        """All outcomes; items without a result get `call_failure` (the call's own failure).
+
+        Raises:
+            ProtocolError: items are unanswered although the call ended OK.
+        """
+        missing = sum(o is None for o in self.outcomes)
+        if missing and call_failure is None:
+            raise ProtocolError(
+                f"bridge at {self.target} ended VerifyStream OK with {missing} of "
+                f"{len(self.sendable)} items unanswered"
+            )
+        return [call_failure if o is None else o for o in self.outcomes]  # type: ignore[misc]
+
+
+def _no_connection(target: str, wait: float, timeout: float) -> Failure:
+    return Failure(
+        "DEADLINE_EXCEEDED" if wait >= timeout else "UNAVAILABLE",
+        None,
+        f"no connection to the bridge at {target} within {wait:g} s",
+    )
+
+
 def verify_batch(
     target: str,
     requests: Sequence[verify_pb2.VerifyRequest],
@@ -161,7 +230,9 @@ def verify_batch(
 
     Items are sent in messages of at most 64; results are matched back by `request_id`.
     Per-item errors become `Failure`s. If the call fails as a whole (deadline, bridge gone,
-    no connection), every item without a result gets that call's `Failure`.
+    no connection), every item without a result gets that call's `Failure`. An item bigger
+    than the message limit fails alone (RESOURCE_EXHAUSTED / ITEM_TOO_LARGE) without being
+    sent.
 
     Args:
         target: the bridge's "host:port".
@@ -175,24 +246,9 @@ def verify_batch(
         ProtocolError: the bridge answered an unknown or already answered `request_id`, or
             ended the stream OK with items unanswered.
     """
-    outcomes: list[Outcome | None] = [None] * len(requests)
-    index: dict[str, int] = {}
-    sendable = []
-    for i, request in enumerate(requests):
-        if request.request_id in index:
-            raise ValueError(f"duplicate request_id {request.request_id!r}")
-        if request.ByteSize() > MAX_ITEM_BYTES:
-            outcomes[i] = Failure(
-                "RESOURCE_EXHAUSTED",
-                "ITEM_TOO_LARGE",
-                f"item is {request.ByteSize()} bytes; the gRPC message limit is "
-                f"{MAX_MESSAGE_BYTES} bytes",
-            )
-            continue
-        index[request.request_id] = i
-        sendable.append(request)
-    if not sendable:
-        return outcomes  # type: ignore[return-value]
+    results = _Results(target, requests)
+    if not results.sendable:
+        return results.finish(None)
 
     deadline = time.monotonic() + timeout
     ch, stub = channel(target)
@@ -202,15 +258,10 @@ def verify_batch(
         ready.result(timeout=wait)
     except grpc.FutureTimeoutError:
         ready.cancel()
-        failure = Failure(
-            "DEADLINE_EXCEEDED" if wait >= timeout else "UNAVAILABLE",
-            None,
-            f"no connection to the bridge at {target} within {wait:g} s",
-        )
-        return [failure if o is None else o for o in outcomes]
+        return results.finish(_no_connection(target, wait, timeout))
 
     call = stub.VerifyStream(
-        _messages(sendable),
+        _messages(results.sendable),
         timeout=max(deadline - time.monotonic(), 0.0),
         wait_for_ready=True,
     )
@@ -218,24 +269,53 @@ def verify_batch(
     try:
         for message in call:
             for result in message.results:
-                i = index.get(result.request_id)
-                if i is None or outcomes[i] is not None:
-                    call.cancel()
-                    kind = "unknown" if i is None else "duplicate"
-                    raise ProtocolError(
-                        f"bridge at {target} sent a result for {kind} request_id "
-                        f"{result.request_id[:100]!r}"
-                    )
-                outcomes[i] = (
-                    Failure.from_status(result.error) if result.HasField("error") else result
-                )
+                results.add(result)
+    except ProtocolError:
+        call.cancel()
+        raise
     except grpc.RpcError as error:
         call_failure = Failure.from_rpc_error(error)
+    return results.finish(call_failure)
 
-    missing = sum(o is None for o in outcomes)
-    if missing and call_failure is None:
-        raise ProtocolError(
-            f"bridge at {target} ended VerifyStream OK with {missing} of {len(sendable)} "
-            "items unanswered"
+
+async def verify_batch_async(
+    target: str,
+    requests: Sequence[verify_pb2.VerifyRequest],
+    *,
+    timeout: float,
+    connect_timeout: float,
+) -> list[Outcome]:
+    """`verify_batch` for asyncio: the same arguments, outcomes and errors, over `grpc.aio`.
+
+    Opens its own channel on the running event loop and closes it before returning (or when
+    cancelled), so it can be awaited from any loop in any thread, one after another or at the
+    same time.
+    """
+    results = _Results(target, requests)
+    if not results.sendable:
+        return results.finish(None)
+
+    deadline = time.monotonic() + timeout
+    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as ch:
+        wait = min(connect_timeout, timeout)
+        try:
+            await asyncio.wait_for(ch.channel_ready(), wait)
+        except asyncio.TimeoutError:
+            return results.finish(_no_connection(target, wait, timeout))
+        stub = verify_pb2_grpc.VerifyServiceStub(ch)
+        call = stub.VerifyStream(
+            _messages(results.sendable),
+            timeout=max(deadline - time.monotonic(), 0.0),
+            wait_for_ready=True,
         )
-    return [call_failure if o is None else o for o in outcomes]  # type: ignore[misc]
+        call_failure = None
+        try:
+            async for message in call:
+                for result in message.results:
+                    results.add(result)
+        except ProtocolError:
+            call.cancel()
+            raise
+        except grpc.RpcError as error:
+            call_failure = Failure.from_rpc_error(error)
+        return results.finish(call_failure)

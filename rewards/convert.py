@@ -9,7 +9,12 @@ that other rows have and this one lacks with None).
 
 Rules that belong to the bridge are left to it: an empty `resources_server` comes back as
 INVALID_ARGUMENT, a row that is not a JSON object or holds NaN as INVALID_ARGUMENT, an unknown
-name as NOT_FOUND. This module only rejects argument shapes no item could be built from.
+name as NOT_FOUND. This module decides one per-item rule itself, because such an item cannot
+even be put in a message: text that is not valid Unicode (a lone surrogate such as "\\ud800"
+in the completion, a prompt message or the server name; proto3 `string` fields must be UTF-8).
+That item gets a local INVALID_ARGUMENT failure (`Batch.rejected`, reason INVALID_ITEM, like the
+bridge's own invalid items), is not sent, and the rest of the batch is scored. Otherwise only
+argument shapes no item could be built from are rejected, by raising.
 """
 
 from __future__ import annotations
@@ -19,21 +24,46 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_gym_grpc.rewards.client import Failure, Outcome
 from nemo_gym_grpc.v1 import verify_pb2
 
+# The bridge's reason for an item it cannot turn into a `/verify` call.
+INVALID_ITEM = "INVALID_ITEM"
 
-def _utf8(text: str) -> tuple[str, bool]:
-    """`text` made encodable as UTF-8 (proto3 `string` requires it), and whether it changed.
 
-    Lone surrogates (e.g. from a JSON `"\\ud800"` escape) become U+FFFD; a surrogate pair
-    written as two code points is joined into its character.
+class InvalidText(ValueError):
+    """Text that a proto3 `string` field cannot carry (it has a lone surrogate)."""
+
+
+def proto_text(text: str, what: str) -> str:
+    """`text` as a proto3 `string` field can carry it.
+
+    A surrogate pair written as two code points ("\\ud83d\\ude00", as UTF-16 decoders may
+    leave it) is joined into its character; that is a change of representation, not of text.
+
+    Args:
+        text: any Python string.
+        what: what the text is, for the error message (e.g. "completion").
+
+    Raises:
+        InvalidText: the text holds a lone surrogate (U+D800..U+DFFF without its partner,
+            e.g. from a JSON "\\ud800" escape or bytes decoded with "surrogateescape");
+            the message names `what`, the code point and its index.
     """
     try:
         text.encode("utf-8")
+        return text
     except UnicodeEncodeError:
-        fixed = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-        return fixed, True
-    return text, False
+        pass
+    joined = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    try:
+        joined.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidText(
+            f"{what} is not valid Unicode: lone surrogate U+{ord(joined[exc.start]):04X} at "
+            f"character {exc.start} (gRPC strings must be UTF-8); the item was not sent"
+        ) from None
+    return joined
 
 
 def content_text(content: Any) -> str:
@@ -130,9 +160,10 @@ def resources_server_name(ref: Any) -> str:
 def row_json(extra: Any, index: int) -> str:
     """`verify_extra[index]` (the dataset row) as JSON text for `VerifyRequest.row_json`.
 
-    None gives "" (no row). Anything else is dumped as is (ASCII-escaped, so lone surrogates
-    survive as `\\udXXX` escapes); the bridge drops None values and rejects a value that is
-    not a JSON object, or holds NaN/Infinity, for that item alone.
+    None gives "" (no row). Anything else is dumped as is, ASCII-escaped: a lone surrogate in
+    dataset text travels as a valid JSON `\\udXXX` escape (the row is data, not model output;
+    what it means is the resources server's call). The bridge drops None values and rejects a
+    value that is not a JSON object, or holds NaN/Infinity, for that item alone.
 
     Raises:
         TypeError: the row holds a value JSON cannot represent (e.g. bytes, datetime).
@@ -147,16 +178,38 @@ def row_json(extra: Any, index: int) -> str:
 
 @dataclass
 class Batch:
-    """The VerifyRequests of one reward-function call.
+    """The items of one reward-function call.
 
     Attributes:
-        requests: one per completion, in input order; `request_id` is f"{batch_id}-{index}".
-        repaired: indices of items whose text was not valid Unicode (lone surrogates,
-            replaced with U+FFFD so proto3 can carry it).
+        size: the number of input items (completions).
+        requests: the items to send, in input order; `request_id` is f"{batch_id}-{index}"
+            with `index` the item's input position.
+        positions: the input position of each of `requests`.
+        rejected: input position -> local failure (INVALID_ARGUMENT / INVALID_ITEM) of each
+            item that was not sent because its text is not valid Unicode.
     """
 
-    requests: list[verify_pb2.VerifyRequest]
-    repaired: list[int] = field(default_factory=list)
+    size: int
+    requests: list[verify_pb2.VerifyRequest] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    rejected: dict[int, Failure] = field(default_factory=dict)
+
+    def outcomes(self, sent: Sequence[Outcome]) -> list[Outcome]:
+        """One outcome per input item, in input order: `sent` (one per `requests`, in that
+        order) put back at their positions, and the rejected items' failures.
+
+        Raises:
+            ValueError: `sent` does not have exactly one outcome per request.
+        """
+        if len(sent) != len(self.requests):
+            raise ValueError(f"{len(sent)} outcomes for {len(self.requests)} requests")
+        outcomes: list[Outcome | None] = [None] * self.size
+        for position, outcome in zip(self.positions, sent, strict=True):
+            outcomes[position] = outcome
+        for position, failure in self.rejected.items():
+            outcomes[position] = failure
+        assert all(o is not None for o in outcomes), "an item has no outcome"
+        return outcomes  # type: ignore[return-value]
 
 
 def _check_length(name: str, values: Sequence[Any], count: int) -> None:
@@ -173,6 +226,7 @@ def build_batch(
     model: str,
     timeout_seconds: float,
     batch_id: str,
+    include_reply: bool = False,
 ) -> Batch:
     """Build one `VerifyRequest` per completion.
 
@@ -185,9 +239,11 @@ def build_batch(
         model: written into the Responses object the bridge builds from the completion.
         timeout_seconds: per-item upstream `/verify` budget; 0 = the bridge's default.
         batch_id: prefix of the request ids; unique per call.
+        include_reply: ask the bridge for the upstream reply's other fields (`reply_json`).
 
     Returns:
-        The requests in input order and the indices whose text had to be repaired.
+        The requests to send, in input order, and the items rejected locally (text that is
+        not valid Unicode: INVALID_ARGUMENT, not sent).
 
     Raises:
         ValueError: `resources_server_ref` is missing, or a column's length differs from the
@@ -206,20 +262,26 @@ def build_batch(
     if verify_extras is not None:
         _check_length("verify_extra", verify_extras, count)
 
-    batch = Batch(requests=[])
+    batch = Batch(size=count)
     for index, completion in enumerate(completions):
-        repaired = False
-        text, changed = _utf8(completion_text(completion))
-        repaired |= changed
-        messages = []
-        for role, content in prompt_messages(prompts[index] if prompts is not None else None):
-            role, role_changed = _utf8(role)
-            content, content_changed = _utf8(content)
-            repaired |= role_changed or content_changed
-            messages.append(verify_pb2.Message(role=role, content=content))
-        server, changed = _utf8(resources_server_name(resources_server_refs[index]))
-        repaired |= changed
+        text = completion_text(completion)
+        prompt = prompt_messages(prompts[index] if prompts is not None else None)
+        server = resources_server_name(resources_server_refs[index])
         extra = verify_extras[index] if verify_extras is not None else None
+        row = row_json(extra, index)
+        try:
+            text = proto_text(text, "completion")
+            messages = [
+                verify_pb2.Message(
+                    role=proto_text(role, f"prompt message {i} role"),
+                    content=proto_text(content, f"prompt message {i} content"),
+                )
+                for i, (role, content) in enumerate(prompt)
+            ]
+            server = proto_text(server, "resources_server_ref name")
+        except InvalidText as exc:
+            batch.rejected[index] = Failure("INVALID_ARGUMENT", INVALID_ITEM, str(exc))
+            continue
         batch.requests.append(
             verify_pb2.VerifyRequest(
                 request_id=f"{batch_id}-{index}",
@@ -227,10 +289,10 @@ def build_batch(
                 prompt=messages,
                 completion=text,
                 model=model,
-                row_json=row_json(extra, index),
+                row_json=row,
                 timeout_seconds=timeout_seconds,
+                include_reply=include_reply,
             )
         )
-        if repaired:
-            batch.repaired.append(index)
+        batch.positions.append(index)
     return batch

@@ -3,24 +3,24 @@
 Same names and call shapes as axolotl's `axolotl.integrations.nemo_gym.rewards`, which these
 replace. A reward function gets `completions`, `prompts` and every dataset column as keyword
 arguments (one value per completion) and returns one value per completion, in input order:
-the reward (float), or None for an item that could not be scored (TRL reads None as NaN and
-leaves it out of the mean). A failure is never a reward of 0.0.
+the reward (float), or for an item that could not be scored what the `on_error` policy says
+(default None, which TRL reads as NaN and leaves out of the mean; see `policy.py`). More than
+`max_failure_fraction` (default half) of a call failing raises `ScoringError`.
 
-One call = one `VerifyStream` RPC carrying the whole batch; each failing batch logs one
-warning on the `nemo_gym_grpc.rewards` logger counting failures by cause.
+One call = one `VerifyStream` RPC carrying the whole batch. The `*_async` forms do the same
+over `grpc.aio` for TRL's async reward path. When TRL passes `log_metric` / `log_extra`, the
+per-item extras (failures, reward components, numeric reply fields) go to them (`extras.py`).
 """
 
 from __future__ import annotations
 
-import logging
+import asyncio
 import uuid
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_gym_grpc.rewards import client, convert, embedded, settings
-
-log = logging.getLogger("nemo_gym_grpc.rewards")
+from nemo_gym_grpc.rewards import client, convert, embedded, extras, policy, settings
 
 # The `model` the seed's reward_nemo_gym_verify wrote into its Responses object.
 SEED_MODEL = "axolotl"
@@ -62,35 +62,51 @@ def reward_nemo_gym_verify(completions, prompts=None, **kwargs):
         verify_extra: keyword, optional: one dataset row dict per item (axolotl's loader
             column: the whole NeMo Gym row, None-filled by Arrow; None values are dropped and
             the row's own `responses_create_params` is used).
+        log_metric, log_extra: keyword, optional: TRL's callbacks; given, they receive the
+            failed fraction, latency, `reward_components` and numeric reply fields
+            (see `nemo_gym_grpc.rewards.extras`).
         **kwargs: other dataset columns and TRL arguments, ignored.
 
-    Bridge: `NEMO_GYM_GRPC_TARGET` ("host:port") if set; otherwise an embedded bridge started
-    on first use that discovers resources servers from the NeMo Gym head server at
-    `NEMO_GYM_HEAD_URL` (default http://127.0.0.1:11000). Per-item `/verify` timeout: the
-    bridge's default (30 s unless the bridge sets another). Whole-batch deadline:
-    `NEMO_GYM_GRPC_BATCH_TIMEOUT` (default 600 s). The Responses object carries model
-    "axolotl", as in the seed.
+    Settings, read from the environment at each call:
+        `NEMO_GYM_GRPC_TARGET` ("host:port" of a running bridge); unset: an embedded bridge
+        started on first use, discovering resources servers from the head server at
+        `NEMO_GYM_HEAD_URL` (default http://127.0.0.1:11000).
+        `NEMO_GYM_GRPC_BATCH_TIMEOUT` (600 s): deadline of the whole call.
+        `NEMO_GYM_GRPC_CONNECT_TIMEOUT` (60 s): wait for a connection to the bridge.
+        `NEMO_GYM_GRPC_ON_ERROR` (none | zero | raise) and
+        `NEMO_GYM_GRPC_MAX_FAILURE_FRACTION` (0.5): the failure policy (`policy.py`).
+        Per-item `/verify` timeout: the bridge's default (30 s unless set otherwise). The
+        Responses object carries model "axolotl", as in the seed.
 
     Returns:
-        list[float | None], one per completion, in input order.
+        list[float | None], one per completion, in input order: the reward, or for a failed
+        item None (on_error=none) or 0.0 (on_error=zero).
 
     Raises:
+        ScoringError: on_error=raise and an item failed, or more than the allowed fraction of
+            the items failed (the message counts failures by cause).
         ValueError: `resources_server_ref` missing, a column's length differs from the number
-            of completions, or an env var holds an invalid number.
+            of completions, or an env var holds an invalid value.
         TypeError: a completion, prompt or row has an unusable shape.
         RuntimeError: the embedded bridge could not be started.
         client.ProtocolError: the bridge's results do not match the items sent.
     """
-    return _score(
-        completions,
-        prompts,
-        kwargs,
-        model=SEED_MODEL,
-        timeout_seconds=0.0,
-        target=settings.target(),
-        spec=lambda: embedded.BridgeSpec(head_url=settings.head_url()),
-        batch_timeout=None,
-    )
+    return _score(_VERIFY, completions, prompts, kwargs)
+
+
+async def reward_nemo_gym_verify_async(completions, prompts=None, **kwargs):
+    """`reward_nemo_gym_verify` as a coroutine function, for TRL's async reward path.
+
+    TRL (1.8 and newer) runs `async def` reward functions on its own event loop, alongside
+    other async reward functions; load it by dotted path
+    (`nemo_gym_grpc.rewards.reward_nemo_gym_verify_async`) or pass it in `reward_funcs`.
+    Uses `grpc.aio` with a channel per call, so it may be awaited from any event loop in any
+    thread (several loops in turn, or at once). Starting an embedded bridge, the only
+    blocking step, runs in a worker thread.
+
+    Arguments, settings, return value and errors: as `reward_nemo_gym_verify`.
+    """
+    return await _score_async(_VERIFY, completions, prompts, kwargs)
 
 
 def _base_url(endpoint: str) -> str:
@@ -106,7 +122,10 @@ def create_nemo_gym_reward_fn(
     *,
     target: str | None = None,
     batch_timeout: float | None = None,
-) -> Callable[..., list[float | None]]:
+    on_error: str | None = None,
+    max_failure_fraction: float | None = None,
+    asynchronous: bool = False,
+) -> Callable[..., list[float | None]] | Callable[..., Awaitable[list[float | None]]]:
     """A reward function bound to explicit `/verify` endpoints (axolotl's plugin uses this).
 
     Args:
@@ -124,93 +143,167 @@ def create_nemo_gym_reward_fn(
             table; `verify_endpoints` then only serve the embedded case.
         batch_timeout: keyword-only: gRPC deadline in seconds for one call's batch; default
             `NEMO_GYM_GRPC_BATCH_TIMEOUT` at call time (600 s).
+        on_error: keyword-only: "none" (a failed item gives None), "zero" (0.0, as axolotl's
+            functions did) or "raise" (the call raises `ScoringError`); default
+            `NEMO_GYM_GRPC_ON_ERROR` at call time, else "none".
+        max_failure_fraction: keyword-only: the call raises `ScoringError` when more than
+            this fraction (0..1) of its items failed, whatever `on_error` says; 1 disables
+            the guard. Default `NEMO_GYM_GRPC_MAX_FAILURE_FRACTION` at call time, else 0.5.
+        asynchronous: keyword-only: return a coroutine function (grpc.aio; for TRL's async
+            reward path, see `reward_nemo_gym_verify_async`) instead of a plain one.
 
     Returns:
         A function `nemo_gym(completions, prompts=None, **kwargs) -> list[float | None]`
-        taking the same arguments as `reward_nemo_gym_verify`, with the same errors.
+        (an `async def` one if `asynchronous`) taking the same arguments as
+        `reward_nemo_gym_verify`, with the same errors.
+
+    Raises:
+        ValueError: `on_error` or `max_failure_fraction` is out of range.
     """
     spec = embedded.BridgeSpec(
         head_url=None,
         servers=tuple(sorted((name, _base_url(url)) for name, url in verify_endpoints.items())),
         verify_timeout=float(verify_timeout),
     )
+    scorer = _Scorer(
+        name="nemo_gym",
+        model=model_name,
+        timeout_seconds=float(verify_timeout),
+        spec=lambda: spec,
+        target=target,
+        batch_timeout=batch_timeout,
+        on_error=None if on_error is None else settings.check_on_error(on_error),
+        max_failure_fraction=(
+            None if max_failure_fraction is None else settings.check_fraction(max_failure_fraction)
+        ),
+    )
+
+    if asynchronous:
+
+        async def nemo_gym(completions, prompts=None, **kwargs):
+            """NeMo Gym `/verify` rewards for the bound endpoints (coroutine, grpc.aio); see
+            `create_nemo_gym_reward_fn` and `reward_nemo_gym_verify`. Returns
+            list[float | None] in input order."""
+            return await _score_async(scorer, completions, prompts, kwargs)
+
+        return nemo_gym
 
     def nemo_gym(completions, prompts=None, **kwargs):
         """NeMo Gym `/verify` rewards for the bound endpoints; see `create_nemo_gym_reward_fn`
         and `reward_nemo_gym_verify`. Returns list[float | None] in input order."""
-        return _score(
-            completions,
-            prompts,
-            kwargs,
-            model=model_name,
-            timeout_seconds=float(verify_timeout),
-            target=target or settings.target(),
-            spec=lambda: spec,
-            batch_timeout=batch_timeout,
-        )
+        return _score(scorer, completions, prompts, kwargs)
 
     return nemo_gym
 
 
-def _score(
-    completions: Sequence[Any],
-    prompts: Sequence[Any] | None,
-    kwargs: Mapping[str, Any],
-    *,
-    model: str,
-    timeout_seconds: float,
-    target: str | None,
-    spec: Callable[[], embedded.BridgeSpec],
-    batch_timeout: float | None,
-) -> list[float | None]:
-    """Build the batch, send it over one VerifyStream, return rewards in input order."""
-    batch_id = uuid.uuid4().hex[:16]
-    batch = convert.build_batch(
-        completions,
-        prompts,
-        kwargs.get("resources_server_ref"),
-        kwargs.get("verify_extra"),
-        model=model,
-        timeout_seconds=timeout_seconds,
-        batch_id=batch_id,
-    )
-    if not batch.requests:
-        return []
-    if batch.repaired:
-        log.warning(
-            "%d of %d items had text that is not valid Unicode (lone surrogates); "
-            "replaced with U+FFFD before scoring (first: item %d)",
-            len(batch.repaired),
-            len(batch.requests),
-            batch.repaired[0],
-        )
-    deadline = batch_timeout if batch_timeout is not None else settings.batch_timeout()
-    connect = settings.connect_timeout()
-    bridge = target or embedded.ensure_bridge(spec())
-    outcomes = client.verify_batch(
-        bridge, batch.requests, timeout=deadline, connect_timeout=connect
-    )
+@dataclass
+class _Scorer:
+    """How one reward function scores: its fixed settings (None = read the env var at call
+    time) and its extras log."""
 
-    rewards: list[float | None] = []
-    causes: Counter[str] = Counter()
-    examples: dict[str, str] = {}
-    for outcome in outcomes:
-        if isinstance(outcome, client.Failure):
-            rewards.append(None)
-            causes[outcome.cause] += 1
-            examples.setdefault(outcome.cause, outcome.message)
-        else:
-            rewards.append(outcome.reward)
-    if causes:
-        summary = ", ".join(f"{cause} x{n}" for cause, n in causes.most_common())
-        detail = "; ".join(f"{cause}: {message[:300]}" for cause, message in examples.items())
-        log.warning(
-            "%d of %d items failed (reward None; bridge %s, batch %s): %s. First of each: %s",
-            sum(causes.values()),
-            len(rewards),
-            bridge,
-            batch_id,
-            summary,
-            detail,
+    name: str
+    model: str
+    timeout_seconds: float
+    spec: Callable[[], embedded.BridgeSpec]
+    target: str | None = None
+    batch_timeout: float | None = None
+    on_error: str | None = None
+    max_failure_fraction: float | None = None
+    extras_log: extras.ExtrasLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.extras_log = extras.ExtrasLog(self.name)
+
+    def prepare(self, completions: Sequence[Any], prompts: Any, kwargs: Mapping[str, Any]) -> _Job:
+        """Validate the arguments and settings and build the batch (no I/O)."""
+        batch_id = uuid.uuid4().hex[:16]
+        batch = convert.build_batch(
+            completions,
+            prompts,
+            kwargs.get("resources_server_ref"),
+            kwargs.get("verify_extra"),
+            model=self.model,
+            timeout_seconds=self.timeout_seconds,
+            batch_id=batch_id,
+            include_reply=extras.wanted(kwargs),
         )
-    return rewards
+        return _Job(
+            batch=batch,
+            batch_id=batch_id,
+            target=self.target or settings.target(),
+            deadline=(
+                settings.batch_timeout() if self.batch_timeout is None else self.batch_timeout
+            ),
+            connect_timeout=settings.connect_timeout(),
+            on_error=self.on_error or settings.on_error(),
+            max_failure_fraction=(
+                settings.max_failure_fraction()
+                if self.max_failure_fraction is None
+                else self.max_failure_fraction
+            ),
+        )
+
+    def finish(
+        self, job: _Job, bridge: str | None, sent: Sequence[client.Outcome], kwargs: Mapping
+    ) -> list[float | None]:
+        """Rewards in input order under the failure policy; extras to TRL's callbacks."""
+        outcomes = job.batch.outcomes(sent)
+        rewards = policy.apply(
+            outcomes,
+            on_error=job.on_error,
+            max_failure_fraction=job.max_failure_fraction,
+            where=f"bridge {bridge or '(none: nothing sendable)'}, batch {job.batch_id}",
+        )
+        self.extras_log.emit(outcomes, kwargs)
+        return rewards
+
+
+@dataclass
+class _Job:
+    batch: convert.Batch
+    batch_id: str
+    target: str | None
+    deadline: float
+    connect_timeout: float
+    on_error: str
+    max_failure_fraction: float
+
+
+_VERIFY = _Scorer(
+    name="reward_nemo_gym_verify",
+    model=SEED_MODEL,
+    timeout_seconds=0.0,
+    spec=lambda: embedded.BridgeSpec(head_url=settings.head_url()),
+)
+
+
+def _score(
+    scorer: _Scorer, completions: Sequence[Any], prompts: Any, kwargs: Mapping[str, Any]
+) -> list[float | None]:
+    """One call of a sync reward function: build, send over one VerifyStream, apply policy."""
+    job = scorer.prepare(completions, prompts, kwargs)
+    if not job.batch.size:
+        return []
+    bridge, sent = None, []
+    if job.batch.requests:
+        bridge = job.target or embedded.ensure_bridge(scorer.spec())
+        sent = client.verify_batch(
+            bridge, job.batch.requests, timeout=job.deadline, connect_timeout=job.connect_timeout
+        )
+    return scorer.finish(job, bridge, sent, kwargs)
+
+
+async def _score_async(
+    scorer: _Scorer, completions: Sequence[Any], prompts: Any, kwargs: Mapping[str, Any]
+) -> list[float | None]:
+    """`_score` for the coroutine functions: grpc.aio, embedded-bridge start in a thread."""
+    job = scorer.prepare(completions, prompts, kwargs)
+    if not job.batch.size:
+        return []
+    bridge, sent = None, []
+    if job.batch.requests:
+        bridge = job.target or await asyncio.to_thread(embedded.ensure_bridge, scorer.spec())
+        sent = await client.verify_batch_async(
+            bridge, job.batch.requests, timeout=job.deadline, connect_timeout=job.connect_timeout
+        )
+    return scorer.finish(job, bridge, sent, kwargs)

@@ -9,6 +9,10 @@
 - `NEMO_GYM_GRPC_CONNECT_TIMEOUT` (60): seconds one batch waits for a connection to the
   bridge (within the batch deadline) before all its items fail with UNAVAILABLE.
 - `NEMO_GYM_GRPC_STARTUP_TIMEOUT` (60): seconds to wait for an embedded bridge to serve.
+- `NEMO_GYM_GRPC_ON_ERROR` (`none`): what a failed item gives: `none` (None, which TRL reads as
+  NaN), `zero` (0.0, as axolotl's own functions did) or `raise` (the call raises).
+- `NEMO_GYM_GRPC_MAX_FAILURE_FRACTION` (0.5): the call raises when more than this fraction of
+  a batch failed, whatever `NEMO_GYM_GRPC_ON_ERROR` says; 1 turns the guard off.
 """
 
 from __future__ import annotations
@@ -21,11 +25,16 @@ HEAD_URL_ENV = "NEMO_GYM_HEAD_URL"
 BATCH_TIMEOUT_ENV = "NEMO_GYM_GRPC_BATCH_TIMEOUT"
 CONNECT_TIMEOUT_ENV = "NEMO_GYM_GRPC_CONNECT_TIMEOUT"
 STARTUP_TIMEOUT_ENV = "NEMO_GYM_GRPC_STARTUP_TIMEOUT"
+ON_ERROR_ENV = "NEMO_GYM_GRPC_ON_ERROR"
+MAX_FAILURE_FRACTION_ENV = "NEMO_GYM_GRPC_MAX_FAILURE_FRACTION"
 
 DEFAULT_HEAD_URL = "http://127.0.0.1:11000"  # NeMo Gym's DEFAULT_HEAD_SERVER_PORT
 DEFAULT_BATCH_TIMEOUT = 600.0
 DEFAULT_CONNECT_TIMEOUT = 60.0
 DEFAULT_STARTUP_TIMEOUT = 60.0
+ON_ERROR_CHOICES = ("none", "zero", "raise")
+DEFAULT_ON_ERROR = "none"
+DEFAULT_MAX_FAILURE_FRACTION = 0.5
 
 
 def env_text(name: str) -> str | None:
@@ -77,3 +86,44 @@ def connect_timeout() -> float:
 def startup_timeout() -> float:
     """`NEMO_GYM_GRPC_STARTUP_TIMEOUT` in seconds (default 60)."""
     return env_seconds(STARTUP_TIMEOUT_ENV, DEFAULT_STARTUP_TIMEOUT)
+
+
+def check_on_error(value: str, source: str = "on_error") -> str:
+    """`value` lower-cased if it is one of "none", "zero", "raise".
+
+    Raises:
+        ValueError: anything else (the message names `source`, e.g. the env var).
+    """
+    choice = value.strip().lower() if isinstance(value, str) else value
+    if choice not in ON_ERROR_CHOICES:
+        raise ValueError(f"{source}={value!r} must be one of {', '.join(ON_ERROR_CHOICES)}")
+    return choice
+
+
+def check_fraction(value: float, source: str = "max_failure_fraction") -> float:
+    """`value` as a float if it is a number in [0, 1].
+
+    Raises:
+        ValueError: not a number, NaN, or outside [0, 1] (the message names `source`).
+    """
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source}={value!r} is not a number") from None
+    if not 0.0 <= number <= 1.0:  # also False for NaN
+        raise ValueError(f"{source}={value!r} must be a fraction between 0 and 1")
+    return number
+
+
+def on_error() -> str:
+    """`NEMO_GYM_GRPC_ON_ERROR`: "none" (default), "zero" or "raise"."""
+    text = env_text(ON_ERROR_ENV)
+    return DEFAULT_ON_ERROR if text is None else check_on_error(text, ON_ERROR_ENV)
+
+
+def max_failure_fraction() -> float:
+    """`NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`: a fraction in [0, 1] (default 0.5)."""
+    text = env_text(MAX_FAILURE_FRACTION_ENV)
+    if text is None:
+        return DEFAULT_MAX_FAILURE_FRACTION
+    return check_fraction(text, MAX_FAILURE_FRACTION_ENV)

@@ -8,6 +8,7 @@ ones too), using the `datasets` that nemo-gym installs in its venv.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -18,12 +19,15 @@ import subprocess
 import threading
 
 import pytest
+from aiohttp import web
 from nemo_gym_servers import example_rows
 
 from nemo_gym_grpc.rewards import (
+    ScoringError,
     create_nemo_gym_reward_fn,
     embedded,
     reward_nemo_gym_verify,
+    reward_nemo_gym_verify_async,
     settings,
 )
 
@@ -178,7 +182,10 @@ def test_an_unknown_resources_server_gives_none_and_a_warning(via_target, loader
     assert "no_such_server" in record.getMessage()
 
 
-def test_missing_or_malformed_refs_fail_only_their_items(via_target, loader_rows, caplog):
+def test_missing_or_malformed_refs_fail_only_their_items(
+    via_target, loader_rows, caplog, monkeypatch
+):
+    monkeypatch.setenv(settings.MAX_FAILURE_FRACTION_ENV, "1")  # 4 of 5 fail: guard off
     row = loader_rows["mcqa"][0]
     refs = [None, {}, {"name": ""}, "mcqa", {"name": "mcqa"}]
     rows = [dict(row, resources_server_ref=ref) for ref in refs]
@@ -216,7 +223,7 @@ def test_messages_over_grpcs_default_4_mib_go_through(via_target, loader_rows):
     assert rewards == [1.0, 0.0] * 32
 
 
-def test_an_upstream_that_is_down_gives_none_promptly(
+def test_an_upstream_that_is_down_gives_none_and_the_guard_raises_when_most_fail(
     start_bridge, nemo_gym, loader_rows, monkeypatch, caplog
 ):
     bridge = start_bridge(
@@ -228,11 +235,273 @@ def test_an_upstream_that_is_down_gives_none_promptly(
     monkeypatch.setenv(settings.TARGET_ENV, bridge.target)
     monkeypatch.setenv(settings.BATCH_TIMEOUT_ENV, "60")  # a hang would fail, not block
     row = loader_rows["mcqa"][0]
-    rows = [dict(row, resources_server_ref={"name": name}) for name in ("down", "mcqa", "down")]
+    names = ("down", "mcqa", "mcqa", "down")
+    rows = [dict(row, resources_server_ref={"name": name}) for name in names]
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        rewards = reward_nemo_gym_verify(**_columns(rows, [_mcqa_answer(row, True)] * 3))
-    assert rewards == [None, 1.0, None]
+        rewards = reward_nemo_gym_verify(**_columns(rows, [_mcqa_answer(row, True)] * 4))
+    assert rewards == [None, 1.0, 1.0, None]  # 2 of 4: not more than half
     assert "UNAVAILABLE (UPSTREAM_UNAVAILABLE) x2" in caplog.text
+
+    rows[1] = rows[0]  # 3 of 4 down: an outage, not a batch of rewards
+    with pytest.raises(ScoringError) as raised:
+        reward_nemo_gym_verify(**_columns(rows, [_mcqa_answer(row, True)] * 4))
+    assert sorted(raised.value.failures) == [0, 1, 3]
+    assert raised.value.causes == {"UNAVAILABLE (UPSTREAM_UNAVAILABLE)": 3}
+    assert "3 of 4 items failed, more than max_failure_fraction=0.5 allows" in str(raised.value)
+    assert bridge.target in str(raised.value)
+
+
+# --------------------------------------------------------------------------------------------
+# the failure policy: on_error = none | zero | raise, by keyword or env var
+
+
+def _mixed_batch(loader_rows) -> dict:
+    """5 items: right, wrong, an unknown server, a completion with a lone surrogate, right."""
+    mcqa = loader_rows["mcqa"]
+    rows = [mcqa[0], mcqa[1], dict(mcqa[2], resources_server_ref={"name": "nope"}), mcqa[3]]
+    rows.append(mcqa[4])
+    answers = [
+        _mcqa_answer(mcqa[0], True),
+        _mcqa_answer(mcqa[1], False),
+        _mcqa_answer(mcqa[2], True),
+        _mcqa_answer(mcqa[3], True) + " \ud800",
+        _mcqa_answer(mcqa[4], True),
+    ]
+    return _columns(rows, answers)
+
+
+@pytest.mark.parametrize(
+    ("on_error", "expected"),
+    [("none", [1.0, 0.0, None, None, 1.0]), ("zero", [1.0, 0.0, 0.0, 0.0, 1.0])],
+)
+@pytest.mark.parametrize("configured_by", ["keyword", "env"])
+def test_failed_items_give_what_on_error_says_and_the_rest_is_scored(
+    bridge_target, loader_rows, monkeypatch, on_error, expected, configured_by
+):
+    monkeypatch.setenv(settings.TARGET_ENV, bridge_target)
+    if configured_by == "keyword":
+        monkeypatch.setenv(settings.ON_ERROR_ENV, "raise")  # the keyword wins
+        reward_fn = create_nemo_gym_reward_fn({}, {}, on_error=on_error)
+    else:
+        monkeypatch.setenv(settings.ON_ERROR_ENV, on_error)
+        reward_fn = reward_nemo_gym_verify
+    assert reward_fn(**_mixed_batch(loader_rows)) == expected
+
+
+@pytest.mark.parametrize("configured_by", ["keyword", "env"])
+def test_on_error_raise_raises_with_each_failure_and_its_cause(
+    bridge_target, loader_rows, monkeypatch, configured_by
+):
+    monkeypatch.setenv(settings.TARGET_ENV, bridge_target)
+    if configured_by == "keyword":
+        reward_fn = create_nemo_gym_reward_fn({}, {}, on_error="raise")
+    else:
+        monkeypatch.setenv(settings.ON_ERROR_ENV, "raise")
+        reward_fn = reward_nemo_gym_verify
+    with pytest.raises(ScoringError) as raised:
+        reward_fn(**_mixed_batch(loader_rows))
+    error = raised.value
+    assert error.size == 5 and sorted(error.failures) == [2, 3]
+    assert (error.failures[2].code, error.failures[2].reason) == (
+        "NOT_FOUND",
+        "UNKNOWN_RESOURCES_SERVER",
+    )
+    assert (error.failures[3].code, error.failures[3].reason) == (
+        "INVALID_ARGUMENT",
+        "INVALID_ITEM",
+    )
+    assert "lone surrogate U+D800" in error.failures[3].message
+    assert "2 of 5 items failed (on_error=raise" in str(error)
+
+
+def test_the_guard_fraction_by_keyword_and_env(bridge_target, loader_rows, monkeypatch):
+    monkeypatch.setenv(settings.TARGET_ENV, bridge_target)
+    batch = _mixed_batch(loader_rows)  # 2 of 5 fail
+    with pytest.raises(ScoringError, match="more than max_failure_fraction=0.25 allows"):
+        create_nemo_gym_reward_fn({}, {}, max_failure_fraction=0.25)(**batch)
+    monkeypatch.setenv(settings.MAX_FAILURE_FRACTION_ENV, "0.3")
+    with pytest.raises(ScoringError, match="more than max_failure_fraction=0.3 allows"):
+        reward_nemo_gym_verify(**batch)
+    monkeypatch.setenv(settings.MAX_FAILURE_FRACTION_ENV, "0.4")  # exactly 2 of 5: allowed
+    assert reward_nemo_gym_verify(**batch) == [1.0, 0.0, None, None, 1.0]
+
+
+# --------------------------------------------------------------------------------------------
+# the async form (grpc.aio)
+
+
+def test_async_form_gives_the_same_rewards_from_several_loops_and_threads(via_target, loader_rows):
+    batch = _mixed_batch(loader_rows)
+    expected = reward_nemo_gym_verify(**batch)
+    assert expected == [1.0, 0.0, None, None, 1.0]
+    for _ in range(3):  # a new event loop each time
+        assert asyncio.run(reward_nemo_gym_verify_async(**batch)) == expected
+
+    async def together():  # several calls at once on one loop
+        return await asyncio.gather(*(reward_nemo_gym_verify_async(**batch) for _ in range(3)))
+
+    assert asyncio.run(together()) == [expected] * 3
+
+    results, errors = [], []
+
+    def in_a_thread() -> None:  # each thread runs its own loop, all at the same time
+        try:
+            results.append(asyncio.run(reward_nemo_gym_verify_async(**batch)))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=in_a_thread) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert results == [expected] * 4
+
+    loop = asyncio.new_event_loop()  # one long-lived loop in another thread, like TRL's
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        for _ in range(2):
+            future = asyncio.run_coroutine_threadsafe(reward_nemo_gym_verify_async(**batch), loop)
+            assert future.result(timeout=120) == expected
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(timeout=10)
+        loop.close()
+
+
+def test_async_factory_starts_its_embedded_bridge_without_blocking_the_loop(
+    zero_config, nemo_gym, loader_rows
+):
+    endpoints = {"mcqa": f"{nemo_gym.server_urls['mcqa']}/verify"}
+    reward_fn = create_nemo_gym_reward_fn({}, endpoints, asynchronous=True, on_error="raise")
+    assert asyncio.iscoroutinefunction(reward_fn) and reward_fn.__name__ == "nemo_gym"
+    row = loader_rows["mcqa"][0]
+    args = _columns([row, row], [_mcqa_answer(row, True), _mcqa_answer(row, False)])
+
+    async def scored_while_ticking():
+        ticks = 0
+        done = asyncio.Event()
+
+        async def tick():
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0.02)
+
+        ticker = asyncio.create_task(tick())
+        try:
+            return await reward_fn(**args), ticks
+        finally:
+            done.set()
+            await ticker
+
+    rewards, ticks = asyncio.run(scored_while_ticking())
+    assert rewards == [1.0, 0.0]
+    (bridge,) = embedded.running_bridges().values()
+    assert bridge.running
+    # The bridge took a while to start (a subprocess importing grpc); the loop kept running.
+    assert ticks >= 3
+
+
+# --------------------------------------------------------------------------------------------
+# extras for TRL's log_metric / log_extra
+
+
+def test_trl_callbacks_get_failures_latency_and_the_servers_numeric_reply_fields(
+    via_target, loader_rows
+):
+    eq = loader_rows["equivalence_rule"]
+    right = dict(eq[0], verify_extra=dict(eq[0]["verify_extra"], difficulty=3))  # echoed back
+    rows = [right, eq[1], dict(eq[1], resources_server_ref={"name": "nope"}), eq[0]]
+    answers = [
+        eq[0]["verify_extra"]["expected_answer"],
+        "not it",
+        "not it",
+        eq[0]["verify_extra"]["expected_answer"],
+    ]
+    metrics, columns = {}, {}
+    rewards = reward_nemo_gym_verify(
+        **_columns(rows, answers),
+        log_metric=lambda name, value: metrics.setdefault(name, value),
+        log_extra=lambda column, values: columns.setdefault(column, values),
+    )
+    assert rewards == [1.0, 0.0, None, 1.0]
+    name = "reward_nemo_gym_verify"
+    assert metrics[f"rewards/{name}/failed_fraction"] == 0.25
+    assert metrics[f"rewards/{name}/latency_seconds"] > 0
+    assert metrics[f"rewards/{name}/reply/equivalence_score"] == pytest.approx(2 / 3)
+    assert columns[f"{name}/error"] == [None, None, "NOT_FOUND (UNKNOWN_RESOURCES_SERVER)", None]
+    assert columns[f"{name}/reply/equivalence_score"] == [1.0, 0.0, None, 1.0]
+    # row fields the server echoes (difficulty) are inputs, not metrics
+    assert not [key for key in {**metrics, **columns} if "difficulty" in key]
+    assert sorted(metrics) == sorted(
+        f"rewards/{name}/{key}"
+        for key in ("failed_fraction", "latency_seconds", "reply/equivalence_score")
+    )
+
+
+@pytest.fixture
+def multireward_upstream():
+    """A scripted NeMo Gym resources server (none of the session's servers returns
+    `reward_components`): replies like NeMo Gym's example_tool_call_multireward, reward =
+    sum of components; an answer "wrong" scores 0 on correctness."""
+
+    async def verify(request: web.Request) -> web.Response:
+        body = await request.json()
+        text = body["response"]["output"][0]["content"][0]["text"]
+        components = {"correctness": 0.0 if text == "wrong" else 1.0, "format": 0.5}
+        reply = {**body, "reward": sum(components.values()), "reward_components": components}
+        return web.json_response({**reply, "predicted_calls": 1, "checked": True})
+
+    app = web.Application()
+    app.router.add_post("/verify", verify)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}"
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+    loop.close()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_reward_components_reach_trl_callbacks_through_a_real_bridge(
+    start_bridge, multireward_upstream, asynchronous
+):
+    bridge = start_bridge("--server", f"multi={multireward_upstream}")
+    reward_fn = create_nemo_gym_reward_fn({}, {}, target=bridge.target, asynchronous=asynchronous)
+    metrics, columns = [], []
+    args = {
+        "completions": ["right", "wrong", "right", "right"],
+        "resources_server_ref": [{"name": n} for n in ("multi", "multi", "nope", "multi")],
+        "verify_extra": [{"expected_call": {"name": "get_weather"}, "n": 1}] * 4,
+        "log_metric": lambda name, value: metrics.append((name, value)),
+        "log_extra": lambda column, values: columns.append((column, values)),
+    }
+    result = reward_fn(**args)
+    rewards = asyncio.run(result) if asynchronous else result
+    assert rewards == [1.5, 0.5, None, 1.5]
+    values = dict(metrics)
+    assert values["rewards/nemo_gym/components/correctness"] == pytest.approx(2 / 3)
+    assert values["rewards/nemo_gym/components/format"] == 0.5
+    assert values["rewards/nemo_gym/reply/predicted_calls"] == 1.0
+    assert "rewards/nemo_gym/reply/checked" not in values  # a bool
+    assert "rewards/nemo_gym/reply/n" not in values  # the row's own field, echoed
+    assert dict(columns)["nemo_gym/components/correctness"] == [1.0, 0.0, None, 1.0]
+    assert dict(columns)["nemo_gym/error"] == [
+        None,
+        None,
+        "NOT_FOUND (UNKNOWN_RESOURCES_SERVER)",
+        None,
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,7 +578,10 @@ def test_factory_routes_to_its_verify_endpoints(zero_config, nemo_gym, loader_ro
 
 def test_factory_with_a_down_endpoint_gives_none(zero_config, loader_rows, caplog):
     reward_fn = create_nemo_gym_reward_fn(
-        {}, {"mcqa": f"http://127.0.0.1:{_closed_port()}/verify"}, verify_timeout=2
+        {},
+        {"mcqa": f"http://127.0.0.1:{_closed_port()}/verify"},
+        verify_timeout=2,
+        max_failure_fraction=1.0,  # a batch of one that fails: not an error with the guard off
     )
     row = loader_rows["mcqa"][0]
     with caplog.at_level(logging.WARNING, logger=LOGGER):

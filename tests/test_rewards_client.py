@@ -3,12 +3,14 @@
 A scripted in-process VerifyService plays a bridge that breaks the VerifyStream contract
 (unknown or duplicate request_ids, unanswered items), fails the whole stream, stalls, or
 answers out of order. These cases cannot be produced with the real bridge; everything the real
-bridge does is tested against it in test_rewards.py. Also here: no bridge at all, and embedded
+bridge does is tested against it in test_rewards.py. Each case runs through the sync reward
+function (grpcio) and its async form (grpc.aio). Also here: no bridge at all, and embedded
 bridges that cannot start (real subprocesses).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -22,10 +24,12 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from nemo_gym_grpc.rewards import (
+    ScoringError,
     client,
     create_nemo_gym_reward_fn,
     embedded,
     reward_nemo_gym_verify,
+    reward_nemo_gym_verify_async,
     settings,
 )
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
@@ -95,20 +99,38 @@ def scripted():
     server.stop(0)
 
 
-def _call(target, mode, count, *, batch_timeout=30.0):
+@pytest.fixture(params=["sync", "async"])
+def asynchronous(request) -> bool:
+    """Run the case through the sync reward function and through its async form."""
+    return request.param == "async"
+
+
+def _run(reward_fn, **kwargs):
+    """Call a reward function, sync or async (then in a fresh event loop)."""
+    result = reward_fn(**kwargs)
+    return asyncio.run(result) if asyncio.iscoroutine(result) else result
+
+
+def _call(target, mode, count, asynchronous, *, batch_timeout=30.0):
     reward_fn = create_nemo_gym_reward_fn(
-        {}, {}, target=target, batch_timeout=batch_timeout, verify_timeout=5
+        {},
+        {},
+        target=target,
+        batch_timeout=batch_timeout,
+        verify_timeout=5,
+        asynchronous=asynchronous,
     )
-    return reward_fn(
+    return _run(
+        reward_fn,
         completions=[str(i) for i in range(count)],
         resources_server_ref=[{"name": mode}] * count,
     )
 
 
-def test_results_are_put_back_in_input_order_and_sent_in_messages_of_64(scripted):
+def test_results_are_put_back_in_input_order_and_sent_in_messages_of_64(scripted, asynchronous):
     target, servicer = scripted
     servicer.message_sizes.clear()
-    assert _call(target, "echo", 130) == [float(i) for i in range(130)]
+    assert _call(target, "echo", 130, asynchronous) == [float(i) for i in range(130)]
     assert servicer.message_sizes == [64, 64, 2]
 
 
@@ -120,36 +142,38 @@ def test_results_are_put_back_in_input_order_and_sent_in_messages_of_64(scripted
         ("short", "ended VerifyStream OK with 1 of 5 items unanswered"),
     ],
 )
-def test_results_that_do_not_match_the_items_raise(scripted, mode, match):
+def test_results_that_do_not_match_the_items_raise(scripted, mode, match, asynchronous):
     target, _ = scripted
     with pytest.raises(client.ProtocolError, match=match):
-        _call(target, mode, 5)
+        _call(target, mode, 5, asynchronous)
 
 
-def test_a_stream_failing_as_a_whole_fails_every_unanswered_item_with_its_cause(scripted, caplog):
+def test_a_stream_failing_as_a_whole_fails_every_unanswered_item_with_its_cause(
+    scripted, caplog, asynchronous
+):
     target, _ = scripted
     with caplog.at_level(logging.WARNING, logger="nemo_gym_grpc.rewards"):
-        rewards = _call(target, "abort", 6)
+        rewards = _call(target, "abort", 6, asynchronous)
     assert rewards == [0.0, 1.0, 2.0, None, None, None]
     assert "3 of 6 items failed" in caplog.text
     assert "UNAVAILABLE (BRIDGE_DRAINING) x3" in caplog.text
 
 
-def test_the_batch_deadline_ends_a_stalled_stream(scripted, caplog):
+def test_the_batch_deadline_ends_a_stalled_stream(scripted, caplog, asynchronous):
     target, _ = scripted
     with caplog.at_level(logging.WARNING, logger="nemo_gym_grpc.rewards"):
-        rewards = _call(target, "stall", 4, batch_timeout=2.0)
+        rewards = _call(target, "stall", 4, asynchronous, batch_timeout=2.0)
     assert rewards == [0.0, 1.0, None, None]
     assert "DEADLINE_EXCEEDED x2" in caplog.text
 
 
-def test_an_item_over_the_message_limit_fails_alone(scripted, caplog):
+def test_an_item_over_the_message_limit_fails_alone(scripted, caplog, asynchronous):
     target, _ = scripted
     huge = "1" + " " * client.MAX_MESSAGE_BYTES
-    reward_fn = create_nemo_gym_reward_fn({}, {}, target=target)
+    reward_fn = create_nemo_gym_reward_fn({}, {}, target=target, asynchronous=asynchronous)
     with caplog.at_level(logging.WARNING, logger="nemo_gym_grpc.rewards"):
-        rewards = reward_fn(
-            completions=["2", huge, "3"], resources_server_ref=[{"name": "echo"}] * 3
+        rewards = _run(
+            reward_fn, completions=["2", huge, "3"], resources_server_ref=[{"name": "echo"}] * 3
         )
     assert rewards == [2.0, None, 3.0]
     assert "RESOURCE_EXHAUSTED (ITEM_TOO_LARGE) x1" in caplog.text
@@ -161,18 +185,27 @@ def _closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_no_bridge_at_the_target_gives_none_for_every_item(monkeypatch, caplog):
+def test_no_bridge_at_the_target_fails_every_item_and_the_guard_raises(
+    monkeypatch, caplog, asynchronous
+):
     monkeypatch.setenv(settings.TARGET_ENV, f"127.0.0.1:{_closed_port()}")
     monkeypatch.setenv(settings.CONNECT_TIMEOUT_ENV, "0.5")
+    reward_fn = reward_nemo_gym_verify_async if asynchronous else reward_nemo_gym_verify
+    args = {
+        "completions": ["a", "b", "c"],
+        "resources_server_ref": [{"name": "mcqa"}] * 3,
+        "verify_extra": [{}] * 3,
+    }
+    with pytest.raises(ScoringError) as raised:
+        _run(reward_fn, **args)
+    assert "3 of 3 items failed, more than max_failure_fraction=0.5" in str(raised.value)
+    assert "UNAVAILABLE x3" in str(raised.value)
+    assert "no connection to the bridge" in str(raised.value)
+
+    monkeypatch.setenv(settings.MAX_FAILURE_FRACTION_ENV, "1")  # guard off: None per item
     with caplog.at_level(logging.WARNING, logger="nemo_gym_grpc.rewards"):
-        rewards = reward_nemo_gym_verify(
-            completions=["a", "b", "c"],
-            resources_server_ref=[{"name": "mcqa"}] * 3,
-            verify_extra=[{}] * 3,
-        )
-    assert rewards == [None, None, None]
+        assert _run(reward_fn, **args) == [None, None, None]
     assert "3 of 3 items failed" in caplog.text and "UNAVAILABLE x3" in caplog.text
-    assert "no connection to the bridge" in caplog.text
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nemo_gym_grpc.rewards import client, convert, reward_env, reward_nemo_gym_verify, settings
+from nemo_gym_grpc.rewards import (
+    ScoringError,
+    client,
+    convert,
+    create_nemo_gym_reward_fn,
+    extras,
+    policy,
+    reward_env,
+    reward_nemo_gym_verify,
+    settings,
+)
 from nemo_gym_grpc.v1 import verify_pb2
 
 # --------------------------------------------------------------------------------------------
@@ -129,7 +139,7 @@ def test_one_request_per_completion_with_every_field_set():
     # the whole row, None values included (the bridge drops them)
     assert json.loads(first.row_json) == {"expected_answer": "B", "uuid": None, "n": 1}
     assert not first.responses_create_params_json and not first.response_json
-    assert batch.repaired == []
+    assert batch.positions == [0, 1, 2] and not batch.rejected
 
 
 def test_missing_ref_still_makes_an_item_with_an_empty_name():
@@ -160,31 +170,68 @@ def test_a_row_json_cannot_represent_is_a_type_error_naming_the_item():
         _batch(2, verify_extras=[{}, {"raw": b"bytes"}])
 
 
-def test_lone_surrogates_are_replaced_and_reported():
+def test_text_that_is_not_valid_unicode_fails_its_item_locally_and_is_not_sent():
     batch = _batch(
-        3,
-        completions=["fine", "bad \ud800 text", "pair \ud83d\ude00"],
-        prompts=["p", "p", "q \udfff"],
+        4,
+        completions=["fine", "bad \ud800 text", "pair \ud83d\ude00", "fine"],
+        prompts=["p", "p", "p", [{"role": "user", "content": "q \udfff"}]],
     )
-    assert batch.requests[1].completion == "bad \ufffd text"
-    assert batch.requests[2].completion == "pair \U0001f600"  # a pair is joined, not replaced
-    assert batch.requests[2].prompt[0].content == "q \ufffd"
-    assert batch.repaired == [1, 2]
+    assert [r.request_id for r in batch.requests] == ["b1-0", "b1-2"]
+    assert batch.positions == [0, 2]
+    assert batch.requests[1].completion == "pair \U0001f600"  # a pair is joined, not an error
+    assert sorted(batch.rejected) == [1, 3]
+    failure = batch.rejected[1]
+    assert (failure.code, failure.reason) == ("INVALID_ARGUMENT", "INVALID_ITEM")
+    assert "completion is not valid Unicode: lone surrogate U+D800 at character 4" in (
+        failure.message
+    )
+    assert "prompt message 0 content" in batch.rejected[3].message
+    # outcomes are put back in input order, the rejected items' failures included
+    sent = [verify_pb2.VerifyResponse(request_id=r.request_id, reward=7.0) for r in batch.requests]
+    outcomes = batch.outcomes(sent)
+    assert outcomes[0] is sent[0] and outcomes[2] is sent[1]
+    assert outcomes[1] is batch.rejected[1] and outcomes[3] is batch.rejected[3]
+    with pytest.raises(ValueError, match="1 outcomes for 2 requests"):
+        batch.outcomes(sent[:1])
+
+
+def test_a_lone_surrogate_in_the_server_name_or_a_role_fails_the_item():
+    batch = _batch(2, resources_server_refs=[{"name": "mc\udc80qa"}, {"name": "mcqa"}])
+    assert list(batch.rejected) == [0] and batch.positions == [1]
+    assert "resources_server_ref name" in batch.rejected[0].message
+    batch = _batch(1, prompts=[[{"role": "user\ud800", "content": "q"}]])
+    assert "prompt message 0 role" in batch.rejected[0].message
+
+
+def test_a_lone_surrogate_in_the_row_travels_as_a_json_escape():
+    batch = _batch(1, verify_extras=[{"expected_answer": "x\ud800"}])
+    assert not batch.rejected
+    assert json.loads(batch.requests[0].row_json) == {"expected_answer": "x\ud800"}
+
+
+def _utf16(text: str) -> bytes:
+    return text.encode("utf-16-le", "surrogatepass")
 
 
 @given(
     st.lists(st.text(st.characters(codec=None, categories=None, exclude_categories=())), max_size=5)
 )
-def test_any_text_becomes_a_serializable_request(texts):
+def test_any_text_gives_each_item_exactly_one_outcome(texts):
     batch = _batch(
         len(texts),
         completions=texts,
         prompts=texts,
         verify_extras=[{"expected_answer": t} for t in texts],
     )
-    for request, text in zip(batch.requests, texts, strict=True):
+    assert sorted(batch.positions + list(batch.rejected)) == list(range(len(texts)))
+    for request, position in zip(batch.requests, batch.positions, strict=True):
         parsed = verify_pb2.VerifyRequest.FromString(request.SerializeToString())
-        assert json.loads(parsed.row_json) == {"expected_answer": text}
+        assert json.loads(parsed.row_json) == {"expected_answer": texts[position]}
+        assert _utf16(parsed.completion) == _utf16(texts[position])  # same text
+    for position, failure in batch.rejected.items():
+        assert failure.code == "INVALID_ARGUMENT"
+        with pytest.raises(UnicodeDecodeError):  # it really has a lone surrogate
+            _utf16(texts[position]).decode("utf-16-le")
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,8 +284,11 @@ def test_env_defaults(monkeypatch):
         settings.BATCH_TIMEOUT_ENV,
         settings.CONNECT_TIMEOUT_ENV,
         settings.STARTUP_TIMEOUT_ENV,
+        settings.ON_ERROR_ENV,
+        settings.MAX_FAILURE_FRACTION_ENV,
     ):
         monkeypatch.delenv(name, raising=False)
+    assert (settings.on_error(), settings.max_failure_fraction()) == ("none", 0.5)
     assert settings.target() is None
     assert settings.head_url() == "http://127.0.0.1:11000"
     assert (settings.batch_timeout(), settings.connect_timeout()) == (600.0, 60.0)
@@ -246,3 +296,157 @@ def test_env_defaults(monkeypatch):
     monkeypatch.setenv(settings.HEAD_URL_ENV, "http://h:1/")
     monkeypatch.setenv(settings.TARGET_ENV, "  ")
     assert settings.head_url() == "http://h:1" and settings.target() is None
+
+
+def test_policy_env_values_are_read_and_checked(monkeypatch):
+    monkeypatch.setenv(settings.ON_ERROR_ENV, " Zero ")
+    monkeypatch.setenv(settings.MAX_FAILURE_FRACTION_ENV, "1")
+    assert (settings.on_error(), settings.max_failure_fraction()) == ("zero", 1.0)
+    monkeypatch.setenv(settings.ON_ERROR_ENV, "skip")
+    with pytest.raises(ValueError, match=f"{settings.ON_ERROR_ENV}='skip' must be one of"):
+        settings.on_error()
+    for bad in ("1.5", "-0.1", "nan", "half"):
+        monkeypatch.setenv(settings.MAX_FAILURE_FRACTION_ENV, bad)
+        with pytest.raises(ValueError, match=settings.MAX_FAILURE_FRACTION_ENV):
+            settings.max_failure_fraction()
+
+
+def test_factory_policy_keywords_are_checked_when_the_function_is_made():
+    with pytest.raises(ValueError, match="on_error='ignore' must be one of none, zero, raise"):
+        create_nemo_gym_reward_fn({}, {}, on_error="ignore")
+    with pytest.raises(ValueError, match="max_failure_fraction=2 must be a fraction"):
+        create_nemo_gym_reward_fn({}, {}, max_failure_fraction=2)
+
+
+# --------------------------------------------------------------------------------------------
+# the failure policy (no I/O: outcomes made by hand)
+
+
+def _outcomes(*rewards):
+    """A VerifyResponse per float, a Failure per cause string ("CODE" or "CODE/REASON")."""
+    made = []
+    for value in rewards:
+        if isinstance(value, str):
+            code, _, reason = value.partition("/")
+            made.append(client.Failure(code, reason or None, f"{value} happened"))
+        else:
+            made.append(verify_pb2.VerifyResponse(reward=value))
+    return made
+
+
+def _apply(outcomes, on_error="none", fraction=0.5):
+    return policy.apply(outcomes, on_error=on_error, max_failure_fraction=fraction, where="here")
+
+
+def test_policy_none_gives_none_and_zero_gives_zero_for_failed_items():
+    outcomes = _outcomes(1.0, "UNAVAILABLE/UPSTREAM_UNAVAILABLE", 0.0, 0.5)
+    assert _apply(outcomes) == [1.0, None, 0.0, 0.5]
+    assert _apply(outcomes, "zero") == [1.0, 0.0, 0.0, 0.5]
+    assert _apply(_outcomes(2.0, -1.0)) == [2.0, -1.0]  # rewards are not clamped
+
+
+def test_policy_raise_raises_for_one_failure_with_its_cause():
+    with pytest.raises(ScoringError) as raised:
+        _apply(_outcomes(1.0, 1.0, 1.0, "NOT_FOUND/UNKNOWN_RESOURCES_SERVER"), "raise")
+    error = raised.value
+    assert list(error.failures) == [3] and error.size == 4
+    assert error.causes == {"NOT_FOUND (UNKNOWN_RESOURCES_SERVER)": 1}
+    assert "1 of 4 items failed (on_error=raise; here)" in str(error)
+    assert "NOT_FOUND/UNKNOWN_RESOURCES_SERVER happened" in str(error)
+
+
+@pytest.mark.parametrize("on_error", ["none", "zero"])
+def test_the_guard_raises_above_the_fraction_whatever_the_policy(on_error):
+    outcomes = _outcomes(1.0, "UNAVAILABLE", "UNAVAILABLE", "DEADLINE_EXCEEDED")
+    with pytest.raises(ScoringError) as raised:
+        _apply(outcomes, on_error)
+    assert "3 of 4 items failed, more than max_failure_fraction=0.5 allows" in str(raised.value)
+    assert "UNAVAILABLE x2, DEADLINE_EXCEEDED x1" in str(raised.value)
+    assert sorted(raised.value.failures) == [1, 2, 3]
+    # exactly at the fraction is allowed; 1 turns the guard off; 0 raises for any failure
+    assert _apply(outcomes[:2] + _outcomes(0.0, "UNAVAILABLE"), on_error)[0] == 1.0
+    assert len(_apply(outcomes, on_error, fraction=1.0)) == 4
+    with pytest.raises(ScoringError):
+        _apply(_outcomes(1.0, 1.0, 1.0, "UNAVAILABLE"), on_error, fraction=0.0)
+
+
+def test_failed_items_log_one_warning_by_cause(caplog):
+    outcomes = _outcomes(1.0, "UNAVAILABLE/X", 1.0, "UNAVAILABLE/X", "INTERNAL/Y", 1.0)
+    with caplog.at_level("WARNING", logger="nemo_gym_grpc.rewards"):
+        assert _apply(outcomes, "zero", fraction=0.5) == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    (record,) = caplog.records
+    assert record.getMessage().startswith("3 of 6 items failed (reward 0.0, on_error=zero; here)")
+    assert "UNAVAILABLE (X) x2, INTERNAL (Y) x1" in record.getMessage()
+
+
+def test_all_items_rejected_locally_raise_without_contacting_a_bridge(monkeypatch):
+    monkeypatch.setenv(settings.TARGET_ENV, f"127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv(settings.CONNECT_TIMEOUT_ENV, "0.1")
+    args = {"completions": ["\ud800", "\udfff"], "resources_server_ref": [{"name": "x"}] * 2}
+    with pytest.raises(ScoringError, match=r"INVALID_ARGUMENT \(INVALID_ITEM\) x2"):
+        reward_nemo_gym_verify(**args)
+    reward_fn = create_nemo_gym_reward_fn({}, {}, max_failure_fraction=1.0)
+    metrics = []
+    assert reward_fn(**args, log_metric=lambda *m: metrics.append(m)) == [None, None]
+    assert metrics == [("rewards/nemo_gym/failed_fraction", 1.0)]
+
+
+# --------------------------------------------------------------------------------------------
+# extras for TRL's log_metric / log_extra (no I/O)
+
+
+def test_item_values_are_components_and_the_servers_own_numeric_reply_fields():
+    reply = {
+        "equivalence_score": 0.75,
+        "score": 2,
+        "difficulty": 3,  # echoed from the row: an input, not a result
+        "mask_sample": False,  # bools are not metrics
+        "extracted_answer": "B",
+        "_ng_task_index": 4,
+        "nan": float("nan"),
+    }
+    outcome = verify_pb2.VerifyResponse(
+        reward=1.0, reward_components={"format": 1.0}, reply_json=json.dumps(reply)
+    )
+    assert extras.item_values(outcome, {"difficulty": 3, "question": "?"}) == {
+        "components/format": 1.0,
+        "reply/equivalence_score": 0.75,
+        "reply/score": 2.0,
+    }
+    assert extras.item_values(client.Failure("INTERNAL", None, "x"), None) == {}
+    assert extras.item_values(verify_pb2.VerifyResponse(reply_json="[1]"), None) == {}
+
+
+def test_extras_log_metrics_and_keeps_columns_aligned_across_calls():
+    log = extras.ExtrasLog("fn")
+    metrics, columns = [], []
+    kwargs = {
+        "log_metric": lambda name, value: metrics.append((name, value)),
+        "log_extra": lambda column, values: columns.append((column, values)),
+    }
+    first = [
+        verify_pb2.VerifyResponse(reward=1.0, reward_components={"a": 1.0}, latency_seconds=0.5),
+        verify_pb2.VerifyResponse(reward=0.0, reward_components={"a": 0.0}, latency_seconds=1.5),
+        client.Failure("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", "down"),
+        verify_pb2.VerifyResponse(reward=0.0, latency_seconds=1.0),
+    ]
+    log.emit(first, kwargs)
+    assert metrics == [
+        ("rewards/fn/failed_fraction", 0.25),
+        ("rewards/fn/latency_seconds", 1.0),
+        ("rewards/fn/components/a", 0.5),
+    ]
+    assert columns == [
+        ("fn/error", [None, None, "UNAVAILABLE (UPSTREAM_UNAVAILABLE)", None]),
+        ("fn/components/a", [1.0, 0.0, None, None]),
+    ]
+    metrics.clear()
+    columns.clear()
+    log.emit([verify_pb2.VerifyResponse(reward=1.0, reward_components={"b": 2.0})], kwargs)
+    assert ("rewards/fn/components/b", 2.0) in metrics
+    assert columns == [
+        ("fn/error", [None]),
+        ("fn/components/a", [None]),
+        ("fn/components/b", [2.0]),
+    ]
+    assert not extras.wanted({"log_metric": None}) and extras.wanted({"log_extra": print})
