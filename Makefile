@@ -1,6 +1,6 @@
 # Developer commands. `make test` is what CI runs (.ci/run). Targets are .PHONY because
 # folders named proto/ and tests/ exist.
-.PHONY: help dev proto proto-check lint test demo wheel clean
+.PHONY: help dev proto proto-check lint test demo bench wheel clean
 
 # Every tool runs from .venv, which `make dev` (or any target needing it) creates on first use.
 VENV_BIN := $(CURDIR)/.venv/bin
@@ -54,6 +54,12 @@ test: $(DEV)
 
 demo: $(DEV)
 	$(PY) tests/demo.py
+
+# Benchmarks (under 10 minutes on 2 cores): JSON, markdown table and PNG plots in
+# benchmarks/results/. BENCH_ARGS passes options, e.g. BENCH_ARGS="--only 3,4 --rounds 1".
+bench: $(DEV)
+	$(PY) -c "import matplotlib, psutil" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/run.py $(BENCH_ARGS)
 
 wheel: $(DEV)
 	$(PY) -m build --wheel --outdir dist .

@@ -1,0 +1,108 @@
+"""`make bench`: the benchmarks of issue 4 in one process tree.
+
+    python benchmarks/run.py [--out benchmarks/results] [--only 1,3] [--rounds 3] [--quick]
+
+Scenarios: 1 real NeMo Gym mcqa (seed loop vs aiohttp fan-out vs bridge), 2 latency-bound
+upstream (20 ms, 500 ms), 3 16,384 items in flight, 4 bridge capacity (--workers 1 and 2),
+5 added latency at concurrency 1. Writes results.json, results.md and one PNG per scenario
+to --out, and prints the markdown. Every server it starts (ng_run, scripted upstreams,
+bridges) listens on 127.0.0.1 and is stopped by its recorded PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import procs
+import report
+import scenarios
+
+SCENARIOS = {
+    1: ("1_mcqa", scenarios.real_mcqa),
+    2: ("2_latency_bound", scenarios.latency_bound),
+    3: ("3_scale", scenarios.scale),
+    4: ("4_capacity", scenarios.capacity),
+    5: ("5_added_latency", scenarios.added_latency),
+}
+
+QUICK = scenarios.Settings(
+    rounds=1,
+    mcqa_items=200,
+    latency_items=256,
+    latencies=(0.02, 0.5),
+    seed_full_max_s=10,
+    seed_subset=4,
+    scale_items=2048,
+    capacity_items=4000,
+    probe_items=200,
+)
+
+
+def log(message: str) -> None:
+    """Progress on stderr, with the time since start."""
+    print(f"[{time.monotonic() - STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+STARTED = time.monotonic()
+
+
+def main() -> int:
+    """Run the chosen scenarios and write the JSON, markdown and plots."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=procs.HERE / "results")
+    parser.add_argument("--only", default="1,2,3,4,5", help="comma-separated scenario numbers")
+    parser.add_argument("--rounds", type=int, help="repeats per measurement (default 3)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, one round (smoke)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also py-spy the bridge in one extra run of scenarios 3 and 4 (profile_*.txt)",
+    )
+    args = parser.parse_args()
+    settings = QUICK if args.quick else scenarios.Settings()
+    if args.rounds:
+        settings.rounds = args.rounds
+    if args.profile:
+        settings.profile_dir = args.out
+    chosen = [int(x) for x in args.only.split(",") if x.strip()]
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"  # loopback only
+
+    from nemo_gym_servers import NEMO_GYM_VERSION, example_rows
+
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    rows = example_rows("mcqa")  # builds the cached NeMo Gym venv on first use
+    results = {
+        "started_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": procs.machine(),
+        "versions": procs.versions(NEMO_GYM_VERSION),
+        "settings": {k: v for k, v in vars(settings).items() if k != "profile_dir"},
+        "load": {"before": procs.loadavg()},
+        "scenarios": {},
+    }
+    log(f"machine {results['machine']}; load {results['load']['before']}")
+    for number in chosen:
+        key, run = SCENARIOS[number]
+        results["scenarios"][key] = run(settings, rows, log)
+    results["load"]["after"] = procs.loadavg()
+    results["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    results["duration_s"] = round(time.monotonic() - STARTED, 1)
+    results["targets"] = report.targets(results)
+
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    table = report.markdown(results)
+    plots = report.plots(results, args.out)
+    table += "\nPlots: " + ", ".join(f"[{p.name}]({p.name})" for p in plots) + "\n"
+    (args.out / "results.md").write_text(table)
+    print(table)
+    log(f"wrote {args.out}/results.json, results.md and {len(plots)} plots")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
