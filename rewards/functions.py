@@ -106,7 +106,7 @@ async def reward_nemo_gym_verify_async(completions, prompts=None, **kwargs):
 
     Arguments, settings, return value and errors: as `reward_nemo_gym_verify`.
     """
-    return await _score_async(_VERIFY, completions, prompts, kwargs)
+    return await _score_async(_VERIFY_ASYNC, completions, prompts, kwargs)
 
 
 def _base_url(endpoint: str) -> str:
@@ -269,12 +269,13 @@ class _Job:
     max_failure_fraction: float
 
 
-_VERIFY = _Scorer(
-    name="reward_nemo_gym_verify",
-    model=SEED_MODEL,
-    timeout_seconds=0.0,
-    spec=lambda: embedded.BridgeSpec(head_url=settings.head_url()),
-)
+def _head_server_bridge() -> embedded.BridgeSpec:
+    return embedded.BridgeSpec(head_url=settings.head_url())
+
+
+# One per dotted-path function: the name keys its extras (TRL names metrics by `__name__`).
+_VERIFY = _Scorer("reward_nemo_gym_verify", SEED_MODEL, 0.0, _head_server_bridge)
+_VERIFY_ASYNC = _Scorer("reward_nemo_gym_verify_async", SEED_MODEL, 0.0, _head_server_bridge)
 
 
 def _score(
