@@ -7,13 +7,17 @@ UPPER_SNAKE `reason` and lowerCamel `metadata` (AIP-193). Clients match on `reas
 
 from __future__ import annotations
 
+import re
+
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 ERROR_DOMAIN = "nemo-gym-grpc"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Reasons (ErrorInfo.reason) the bridge sets.
 INVALID_ITEM = "INVALID_ITEM"
+ITEM_TOO_LARGE = "ITEM_TOO_LARGE"
 UNKNOWN_RESOURCES_SERVER = "UNKNOWN_RESOURCES_SERVER"
 UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
 UPSTREAM_TIMEOUT = "UPSTREAM_TIMEOUT"
@@ -24,6 +28,13 @@ UPSTREAM_REPORTED_FAILURE = "UPSTREAM_REPORTED_FAILURE"
 BRIDGE_INTERNAL = "BRIDGE_INTERNAL"
 
 
+def utf8_text(text: str) -> str:
+    """`text` with lone surrogates (what UTF-8 cannot encode, e.g. from a `"\\ud800"` JSON
+    escape in an upstream reply) replaced by U+FFFD: proto3 strings must be valid UTF-8, and a
+    status that cannot be encoded would cost the item its outcome."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
 class ItemError(Exception):
     """One item could not be scored.
 
@@ -32,14 +43,17 @@ class ItemError(Exception):
         reason: UPPER_SNAKE reason, one of the constants in this module.
         message: human-readable text; dynamic values also go into `metadata`.
         metadata: lowerCamel keys to string values (e.g. `httpStatus="503"`).
+
+    Text that UTF-8 cannot encode is replaced (see `utf8_text`), so `to_status` never fails.
     """
 
     def __init__(self, code: int, reason: str, message: str, **metadata: object) -> None:
+        message = utf8_text(message)
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
-        self.metadata = {k: str(v) for k, v in metadata.items() if v is not None}
+        self.metadata = {k: utf8_text(str(v)) for k, v in metadata.items() if v is not None}
 
     def to_status(self) -> status_pb2.Status:
         """The `google.rpc.Status` for `VerifyResponse.error`, with one ErrorInfo detail."""

@@ -161,7 +161,9 @@ def read_verify_reply(
         number = _number(value)
         if number is None:
             raise bad_reply(f"reward_components[{name!r}] is not a finite number")
-        result.reward_components[str(name)] = number
+        if errors.utf8_text(name) != name:
+            raise bad_reply(f"reward_components key {name!r} is not valid Unicode text")
+        result.reward_components[name] = number
 
     if include_reply:
         other = {k: v for k, v in reply.items() if k not in _TYPED_OR_ECHOED}
