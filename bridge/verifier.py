@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -30,6 +31,10 @@ DEADLINE_MARGIN = 0.05
 # Causes worth another attempt (gRPC's retry guidance): the upstream was unreachable, dropped
 # the connection, answered 502/503/504, or 429. Never 4xx, timeouts or bad replies.
 RETRYABLE_CODES = frozenset({code_pb2.UNAVAILABLE, code_pb2.RESOURCE_EXHAUSTED})
+# Default cap on one item's serialized size (`VerifyRequest.ByteSize()`), bytes.
+MAX_ITEM_BYTES = 16 * 1024 * 1024
+# The VerifyRequest fields that carry JSON text.
+JSON_FIELDS = ("row_json", "responses_create_params_json", "response_json")
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class Verifier:
             wait for a slot; the wait does not count against their own timeout, only against
             the RPC deadline (and is reported as `queuedSeconds` when that cuts an item short).
         retry: the retry policy.
+        max_item_bytes: largest item accepted, in serialized bytes (`VerifyRequest.ByteSize()`);
+            a bigger one fails alone with INVALID_ARGUMENT / ITEM_TOO_LARGE.
     """
 
     def __init__(
@@ -69,11 +76,13 @@ class Verifier:
         default_timeout: float = 30.0,
         max_in_flight: int = 64,
         retry: RetryPolicy | None = None,
+        max_item_bytes: int = MAX_ITEM_BYTES,
     ) -> None:
         self.upstreams = upstreams
         self._session = session
         self._default_timeout = default_timeout
         self._retry = retry or RetryPolicy()
+        self._max_item_bytes = max_item_bytes
         self._slots: defaultdict[str, asyncio.Semaphore] = defaultdict(
             lambda: asyncio.Semaphore(max_in_flight)
         )
@@ -110,12 +119,7 @@ class Verifier:
         deadline: float | None,
         result: verify_pb2.VerifyResponse,
     ) -> None:
-        if not request.resources_server:
-            raise errors.invalid_item("resources_server is empty", field="resources_server")
-        try:
-            payload = json.dumps(nemo_gym.build_verify_body(request), allow_nan=False)
-        except ValueError as exc:  # NaN / Infinity in the item's JSON
-            raise errors.invalid_item(f"item JSON cannot be sent: {exc}") from None
+        payload = self._payload(request)
         url = f"{await self.upstreams.resolve(request.resources_server)}/verify"
         timeout = request.timeout_seconds or self._default_timeout
         policy = self._retry
@@ -142,15 +146,60 @@ class Verifier:
                 attempt_number = attempt.retry_state.attempt_number
                 with attempt:
                     raw = await self._post(url, payload, timeout, deadline, result)
+            # Bad replies and reported failures are not retried: a retry would repeat
+            # the same scoring (and, for judge failures, its judge calls).
+            nemo_gym.read_verify_reply(raw, url, result, request.include_reply)
         except errors.ItemError as exc:
             exc.metadata["attempts"] = str(attempt_number)
             raise
-        nemo_gym.read_verify_reply(raw, url, result, request.include_reply)
+
+    def _payload(self, request: verify_pb2.VerifyRequest) -> bytes:
+        """The item checked and turned into the UTF-8 `/verify` body.
+
+        Raises:
+            errors.ItemError: INVALID_ARGUMENT for an item over `max_item_bytes`, without a
+                `resources_server`, with a negative or non-finite `timeout_seconds`, with JSON
+                text that is invalid, not an object, holds NaN/Infinity, nests too deep, or
+                holds a lone surrogate (a `"\\ud800"` escape: UTF-8 cannot encode it, and a
+                NeMo Gym server answers such a body with HTTP 500).
+        """
+        size = request.ByteSize()
+        if size > self._max_item_bytes:
+            raise errors.ItemError(
+                code_pb2.INVALID_ARGUMENT,
+                errors.ITEM_TOO_LARGE,
+                f"item is {size} bytes; the bridge accepts items of at most "
+                f"{self._max_item_bytes} bytes",
+                itemBytes=size,
+                maxItemBytes=self._max_item_bytes,
+            )
+        if not request.resources_server:
+            raise errors.invalid_item("resources_server is empty", field="resources_server")
+        if not (math.isfinite(request.timeout_seconds) and request.timeout_seconds >= 0):
+            raise errors.invalid_item(
+                f"timeout_seconds must be finite and >= 0, got {request.timeout_seconds!r}",
+                field="timeout_seconds",
+            )
+        body = nemo_gym.build_verify_body(request)
+        try:
+            return json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except UnicodeEncodeError:
+            found = (f for f in JSON_FIELDS if _has_lone_surrogate(getattr(request, f)))
+            field = next(found, "item")
+            raise errors.invalid_item(
+                f'{field} holds a lone surrogate escape (e.g. "\\ud800"): not valid '
+                "Unicode text, UTF-8 cannot encode it",
+                field=field,
+            ) from None
+        except ValueError as exc:  # NaN / Infinity in the item's JSON
+            raise errors.invalid_item(f"item JSON cannot be sent: {exc}") from None
+        except RecursionError:
+            raise errors.invalid_item("item JSON nests too deeply to be sent") from None
 
     async def _post(
         self,
         url: str,
-        payload: str,
+        payload: bytes,
         timeout: float,
         deadline: float | None,
         result: verify_pb2.VerifyResponse,
@@ -176,6 +225,7 @@ class Verifier:
                     data=payload,
                     headers={"Content-Type": "application/json"},
                     timeout=aiohttp.ClientTimeout(total=timeout),
+                    allow_redirects=False,  # only configured URLs are called
                 ) as reply:
                     raw = await reply.read()
                     status = reply.status
@@ -200,6 +250,16 @@ class Verifier:
         if status != 200:
             raise errors.http_status_error(status, url, raw)
         return raw
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    try:
+        json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except (ValueError, RecursionError):
+        return False
+    return False
 
 
 def _failed(
