@@ -9,6 +9,8 @@ from collections.abc import AsyncIterable, AsyncIterator
 
 import aiohttp
 import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.verifier import Verifier
@@ -53,17 +55,26 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
         in_flight_ids: set[str] = set()
         tasks: set[asyncio.Task[None]] = set()
         accepted = 0  # items read; each gets exactly one result
+        unreadable: DecodeError | None = None
         started_at = time.monotonic()
 
         async def score(request: verify_pb2.VerifyRequest) -> None:
-            finished.put_nowait((await self._verifier.verify(request, deadline), True))
+            try:
+                result = await self._verifier.verify(request, deadline)
+            except Exception as exc:  # verify() answers every item; this is a backstop
+                log.exception("verify failed for request_id=%r", request.request_id)
+                result = _internal_error(request, exc)
+            finished.put_nowait((result, True))
 
         async def read() -> None:
-            nonlocal accepted
+            nonlocal accepted, unreadable
             # In grpcio 1.85 a client cancel also ends this iterator normally (grpc#36193);
             # the handler then sees CancelledError at its next await and cleans up below.
             try:
-                async for batch in request_iterator:
+                async for batch in _parsed(request_iterator):
+                    if isinstance(batch, DecodeError):
+                        unreadable = batch
+                        return
                     for request in batch.items:
                         await slots.acquire()
                         accepted += 1
@@ -99,6 +110,15 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
                     sent += len(results)
                     yield verify_pb2.VerifyStreamResponse(results=results)
             await reader  # re-raises an error from reading the requests
+            if unreadable is not None:
+                # Proto3 strings must be valid UTF-8; a message that breaks that (or is
+                # otherwise malformed) has items whose request_ids cannot be known.
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"a VerifyStreamRequest could not be parsed ({unreadable}); the {sent} "
+                    "items read before it were answered, it and the rest of the stream "
+                    "were not read",
+                )
         finally:
             reader.cancel()
             for task in tasks:
@@ -129,6 +149,29 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
                 for u in upstreams.entries()
             ]
         )
+
+
+async def _parsed(
+    request_iterator: AsyncIterable[verify_pb2.VerifyStreamRequest],
+) -> AsyncIterator[verify_pb2.VerifyStreamRequest | DecodeError]:
+    """The stream's messages; one that cannot be parsed ends it as its DecodeError."""
+    iterator = aiter(request_iterator)
+    while True:
+        try:
+            batch = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except DecodeError as exc:
+            yield exc
+            return
+        yield batch
+
+
+def _internal_error(request: verify_pb2.VerifyRequest, exc: Exception) -> verify_pb2.VerifyResponse:
+    result = verify_pb2.VerifyResponse(request_id=request.request_id)
+    error = errors.ItemError(code_pb2.INTERNAL, errors.BRIDGE_INTERNAL, f"bridge error: {exc!r}")
+    result.error.CopyFrom(error.to_status())
+    return result
 
 
 def _duplicate(request: verify_pb2.VerifyRequest) -> verify_pb2.VerifyResponse:
