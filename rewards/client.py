@@ -16,7 +16,8 @@ Channel options (see `CHANNEL_OPTIONS`):
 - `grpc.max_receive_message_length` / `grpc.max_send_message_length` = 64 MiB: gRPC's default
   4 MiB receive limit rejects a 64-item message of long completions. The bridge's
   `--max-message-mb` defaults to the same 64 MiB; an item bigger than that on its own fails
-  locally with RESOURCE_EXHAUSTED / ITEM_TOO_LARGE instead of failing the whole stream.
+  locally with INVALID_ARGUMENT / ITEM_TOO_LARGE (the bridge's own code and reason for an item
+  over its item limit) instead of failing the whole stream.
 - `grpc.max_reconnect_backoff_ms` = 5000: after the bridge restarts, reconnect within seconds
   instead of gRPC's default backoff of up to 120 s.
 """
@@ -176,7 +177,7 @@ class _Results:
             size = request.ByteSize()
             if size > MAX_ITEM_BYTES:
                 self.outcomes[i] = Failure(
-                    "RESOURCE_EXHAUSTED",
+                    "INVALID_ARGUMENT",
                     "ITEM_TOO_LARGE",
                     f"item is {size} bytes; the gRPC message limit is {MAX_MESSAGE_BYTES} bytes",
                 )
@@ -231,7 +232,7 @@ def verify_batch(
     Items are sent in messages of at most 64; results are matched back by `request_id`.
     Per-item errors become `Failure`s. If the call fails as a whole (deadline, bridge gone,
     no connection), every item without a result gets that call's `Failure`. An item bigger
-    than the message limit fails alone (RESOURCE_EXHAUSTED / ITEM_TOO_LARGE) without being
+    than the message limit fails alone (INVALID_ARGUMENT / ITEM_TOO_LARGE) without being
     sent.
 
     Args:

@@ -8,13 +8,14 @@ one user message), `resources_server_ref` (`{"name": <resources server>}`) and `
 that other rows have and this one lacks with None).
 
 Rules that belong to the bridge are left to it: an empty `resources_server` comes back as
-INVALID_ARGUMENT, a row that is not a JSON object or holds NaN as INVALID_ARGUMENT, an unknown
-name as NOT_FOUND. This module decides one per-item rule itself, because such an item cannot
-even be put in a message: text that is not valid Unicode (a lone surrogate such as "\\ud800"
-in the completion, a prompt message or the server name; proto3 `string` fields must be UTF-8).
-That item gets a local INVALID_ARGUMENT failure (`Batch.rejected`, reason INVALID_ITEM, like the
-bridge's own invalid items), is not sent, and the rest of the batch is scored. Otherwise only
-argument shapes no item could be built from are rejected, by raising.
+INVALID_ARGUMENT, a row that is not a JSON object or holds NaN or a lone surrogate escape as
+INVALID_ARGUMENT, an unknown name as NOT_FOUND. This module decides one per-item rule itself,
+because such an item cannot even be put in a message: text that is not valid Unicode (a lone
+surrogate such as "\\ud800" in the completion, a prompt message or the server name; proto3
+`string` fields must be UTF-8). That item gets a local INVALID_ARGUMENT failure
+(`Batch.rejected`, reason INVALID_ITEM, like the bridge's own invalid items), is not sent, and
+the rest of the batch is scored. Otherwise only argument shapes no item could be built from
+are rejected, by raising.
 """
 
 from __future__ import annotations
@@ -160,10 +161,10 @@ def resources_server_name(ref: Any) -> str:
 def row_json(extra: Any, index: int) -> str:
     """`verify_extra[index]` (the dataset row) as JSON text for `VerifyRequest.row_json`.
 
-    None gives "" (no row). Anything else is dumped as is, ASCII-escaped: a lone surrogate in
-    dataset text travels as a valid JSON `\\udXXX` escape (the row is data, not model output;
-    what it means is the resources server's call). The bridge drops None values and rejects a
-    value that is not a JSON object, or holds NaN/Infinity, for that item alone.
+    None gives "" (no row). Anything else is dumped as is, ASCII-escaped, so any Python text
+    can travel; the bridge drops None values and fails that item alone (INVALID_ARGUMENT /
+    INVALID_ITEM) when the value is not a JSON object, holds NaN/Infinity, or holds a lone
+    surrogate escape ("\\ud800": dataset text that is not Unicode).
 
     Raises:
         TypeError: the row holds a value JSON cannot represent (e.g. bytes, datetime).

@@ -176,7 +176,7 @@ def test_an_item_over_the_message_limit_fails_alone(scripted, caplog, asynchrono
             reward_fn, completions=["2", huge, "3"], resources_server_ref=[{"name": "echo"}] * 3
         )
     assert rewards == [2.0, None, 3.0]
-    assert "RESOURCE_EXHAUSTED (ITEM_TOO_LARGE) x1" in caplog.text
+    assert "INVALID_ARGUMENT (ITEM_TOO_LARGE) x1" in caplog.text
 
 
 def _closed_port() -> int:
