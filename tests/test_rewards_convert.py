@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import socket
 
@@ -44,11 +46,25 @@ def test_reward_env_repeats_a_scalar_and_gives_zeros_when_missing():
 def test_public_names_are_plain_module_level_functions():
     import nemo_gym_grpc.rewards as rewards
 
-    for name in ("reward_env", "reward_nemo_gym_verify", "create_nemo_gym_reward_fn"):
+    names = (
+        "reward_env",
+        "reward_nemo_gym_verify",
+        "reward_nemo_gym_verify_async",
+        "create_nemo_gym_reward_fn",
+    )
+    for name in names:
         function = getattr(rewards, name)
         assert function.__name__ == name
         assert function.__module__.startswith("nemo_gym_grpc.rewards")
         assert function.__doc__
+        # axolotl's loader: importable by dotted path, at least two parameters
+        module, _, attr = f"nemo_gym_grpc.rewards.{name}".rpartition(".")
+        assert getattr(importlib.import_module(module), attr) is function
+        assert len(inspect.signature(function).parameters) >= 2
+    # TRL 1.8 recognises async reward functions with inspect.iscoroutinefunction
+    assert inspect.iscoroutinefunction(rewards.reward_nemo_gym_verify_async)
+    assert not inspect.iscoroutinefunction(rewards.reward_nemo_gym_verify)
+    assert inspect.iscoroutinefunction(create_nemo_gym_reward_fn({}, {}, asynchronous=True))
 
 
 # --------------------------------------------------------------------------------------------
