@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="most items one VerifyStream holds at once (default %(default)s)",
     )
     serve_cmd.add_argument(
+        "--max-item-mb",
+        type=float,
+        default=16.0,
+        help="largest item in MiB; a larger one fails alone with INVALID_ARGUMENT "
+        "(default %(default)s)",
+    )
+    serve_cmd.add_argument(
         "--max-streams",
         type=int,
         default=256,
@@ -165,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    if args.max_item_mb > args.max_message_mb:
+        logging.getLogger(__name__).warning(
+            "--max-item-mb %s exceeds --max-message-mb %s: items that large cannot arrive",
+            args.max_item_mb,
+            args.max_message_mb,
+        )
     if not args.head_url and not args.server:
         logging.getLogger(__name__).warning(
             "no --head-url and no --server: every item will fail with NOT_FOUND"
@@ -178,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         retry=RetryPolicy(attempts=max(1, args.retry_attempts), budget=args.retry_budget),
         max_stream_items=args.max_stream_items,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
+        max_item_bytes=int(args.max_item_mb * 1024 * 1024),
         grace=args.grace,
         max_streams=args.max_streams,
         max_connection_age=args.max_connection_age,

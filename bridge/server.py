@@ -44,6 +44,8 @@ class BridgeConfig:
         max_streams: most concurrent VerifyStream calls.
         max_message_bytes: gRPC receive/send limit per message, bytes (gRPC's default
             receive limit of 4 MiB is too small for 64 long completions).
+        max_item_bytes: largest item accepted, serialized bytes; larger ones fail alone
+            with INVALID_ARGUMENT / ITEM_TOO_LARGE.
         grace: seconds in-flight RPCs get to finish on SIGTERM/SIGINT.
         max_connection_age: seconds after which a client connection is asked to reconnect
             (GOAWAY), so long-lived clients rebalance across replicas; 0 = never.
@@ -66,6 +68,7 @@ class BridgeConfig:
     max_stream_items: int = 4096
     max_streams: int = 256
     max_message_bytes: int = 64 * MiB
+    max_item_bytes: int = 16 * MiB
     grace: float = 10.0
     max_connection_age: float = 0.0
     tls_cert: Path | None = None
@@ -166,7 +169,9 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
+    # Idle upstream connections are closed after 15 s: NeMo Gym's uvicorn closes them after
+    # 30 s, and reusing one just as the server closes it costs a retry.
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=15)
     async with aiohttp.ClientSession(connector=connector) as session:
         upstreams = Upstreams(config.servers, config.head_url, session)
         interceptors: list[grpc.aio.ServerInterceptor] = [
@@ -176,7 +181,12 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
             interceptors.insert(0, BearerTokenInterceptor(config.token))
         server = grpc.aio.server(options=grpc_options(config), interceptors=interceptors)
         verifier = Verifier(
-            upstreams, session, config.verify_timeout, config.max_in_flight, config.retry
+            upstreams,
+            session,
+            config.verify_timeout,
+            config.max_in_flight,
+            config.retry,
+            config.max_item_bytes,
         )
         verify_pb2_grpc.add_VerifyServiceServicer_to_server(
             VerifyService(verifier, config.max_stream_items), server

@@ -423,3 +423,18 @@ def test_json_log_format_writes_one_json_object_per_line(start_bridge, nemo_gym)
     assert any(m.startswith("nemo-gym-grpc bridge listening on") for m in messages)
     assert {r["levelname"] for r in records} <= {"INFO", "WARNING"}
     assert all(r["name"].startswith("nemo_gym_grpc.") for r in records)
+
+
+def test_item_over_max_item_mb_fails_alone(start_bridge, nemo_gym):
+    bridge = start_bridge("--head-url", nemo_gym.head_url, "--max-item-mb", "0.01")
+    big = mcqa_request("big")
+    big.completion = "x" * 20_000
+    items = [big, mcqa_request("small")]
+    with grpc.insecure_channel(bridge.target) as channel:
+        stream = verify_pb2_grpc.VerifyServiceStub(channel).VerifyStream(
+            iter([verify_pb2.VerifyStreamRequest(items=items)]), timeout=30
+        )
+        results = {r.request_id: r for m in stream for r in m.results}
+    assert results["small"].reward == 1.0
+    assert results["big"].error.code == code_pb2.INVALID_ARGUMENT
+    assert "ITEM_TOO_LARGE" in str(results["big"].error.details[0].value)
