@@ -27,7 +27,7 @@ dev: $(DEV)
 $(DEV): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' --group test-trl
 	touch $@
 
 proto: $(DEV)
