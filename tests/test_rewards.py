@@ -12,10 +12,9 @@ import asyncio
 import json
 import logging
 import os
-import select
-import signal
 import socket
 import subprocess
+import sys
 import threading
 
 import pytest
@@ -598,22 +597,40 @@ def test_factory_with_an_explicit_target(bridge_target, loader_rows, monkeypatch
     assert not embedded.running_bridges()
 
 
+_FORK_PROBE = """
+import json, os, select, signal, sys
+from nemo_gym_grpc.rewards import reward_nemo_gym_verify
+args = json.loads(sys.stdin.read())
+parent = reward_nemo_gym_verify(**args)  # the parent's channel now exists
+read_end, write_end = os.pipe()
+pid = os.fork()
+if pid == 0:  # child: score, report, leave without running the parent's cleanup
+    try:
+        os.write(write_end, json.dumps(reward_nemo_gym_verify(**args)).encode())
+    finally:
+        os._exit(0)
+os.close(write_end)
+readable, _, _ = select.select([read_end], [], [], 120)
+if not readable:  # a hung child must fail the test, not block it
+    os.kill(pid, signal.SIGKILL)
+child = json.loads(os.read(read_end, 1 << 20) or b"null") if readable else None
+os.waitpid(pid, 0)
+print(json.dumps({"parent": parent, "child": child}))
+"""
+
+
 def test_a_forked_child_scores_through_its_own_channel(via_target, loader_rows):
+    # In a fresh interpreter: this pytest process has torch and other libraries loaded whose
+    # own fork handlers are not ours to test (one of them crashed a forked child here).
     row = loader_rows["mcqa"][0]
     args = _columns([row, row], [_mcqa_answer(row, True), _mcqa_answer(row, False)])
-    assert reward_nemo_gym_verify(**args) == [1.0, 0.0]  # the parent's channel exists
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: score, report, leave without running the parent's cleanup
-        try:
-            os.write(write_end, json.dumps(reward_nemo_gym_verify(**args)).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    readable, _, _ = select.select([read_end], [], [], 120)
-    if not readable:  # a hung child must fail the test, not block it
-        os.kill(pid, signal.SIGKILL)
-    with os.fdopen(read_end) as pipe:
-        reported = pipe.read() if readable else ""
-    os.waitpid(pid, 0)
-    assert reported and json.loads(reported) == [1.0, 0.0]
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_PROBE],
+        input=json.dumps(args),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, settings.TARGET_ENV: via_target},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"parent": [1.0, 0.0], "child": [1.0, 0.0]}
