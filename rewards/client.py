@@ -1,10 +1,11 @@
 """The gRPC client side: batches over `VerifyStream`, sync (`verify_batch`) and asyncio
-(`verify_batch_async`).
+(`verify_batch_async`). Channels, security and load balancing are in `channels.py`.
 
 Sync: TRL calls most reward functions synchronously, so `verify_batch` uses grpcio's sync API.
-Its channels are created lazily, one per target per process, shared by all threads (a grpc
-channel is thread-safe; the cache is guarded by a lock) and re-created in a forked child (grpc
-state does not survive fork; the pid is checked on every lookup).
+Its channels are created lazily, one per target (and TLS files) per process, shared by all
+threads (a grpc channel is thread-safe; the cache is guarded by a lock) and re-created in a
+forked child (grpc state does not survive fork; the pid is checked on every lookup). A caller
+may pass its own `channels.Connection` instead (the `score` command does, to cancel on Ctrl-C).
 
 Async: `verify_batch_async` uses `grpc.aio` with a channel of its own per call, opened and
 closed inside the call. A `grpc.aio` channel belongs to the event loop it was created on, so a
@@ -12,7 +13,7 @@ shared one would fail ("bound to a different event loop") when TRL's reward loop
 `asyncio.run` or another thread's loop calls next; one connection per batch costs a loopback
 handshake (about a millisecond) per training step.
 
-Channel options (see `CHANNEL_OPTIONS`):
+Channel options (see `channels.CHANNEL_OPTIONS`):
 - `grpc.max_receive_message_length` / `grpc.max_send_message_length` = 64 MiB: gRPC's default
   4 MiB receive limit rejects a 64-item message of long completions. The bridge's
   `--max-message-mb` defaults to the same 64 MiB; an item bigger than that on its own fails
@@ -20,36 +21,30 @@ Channel options (see `CHANNEL_OPTIONS`):
   over its item limit) instead of failing the whole stream.
 - `grpc.max_reconnect_backoff_ms` = 5000: after the bridge restarts, reconnect within seconds
   instead of gRPC's default backoff of up to 120 s.
+- `grpc.service_config`: the `round_robin` load-balancing policy (several bridges).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from nemo_gym_grpc.rewards import channels
+from nemo_gym_grpc.rewards.channels import CHANNEL_OPTIONS as CHANNEL_OPTIONS  # re-export
+from nemo_gym_grpc.rewards.channels import MAX_MESSAGE_BYTES, MiB, Security
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
-MiB = 1024 * 1024
-MAX_MESSAGE_BYTES = 64 * MiB
 # Room for a VerifyStreamRequest's own framing around its items.
 MAX_ITEM_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 ITEMS_PER_MESSAGE = 64
 # A message is closed early once its items reach this size (a big message only adds latency).
 BYTES_PER_MESSAGE = 16 * MiB
-
-CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_reconnect_backoff_ms", 5000),
-]
 
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
@@ -69,11 +64,15 @@ class Failure:
         reason: `google.rpc.ErrorInfo.reason` when the status carries one (e.g.
             "UNKNOWN_RESOURCES_SERVER", "UPSTREAM_UNAVAILABLE"), else None.
         message: human-readable detail (the bridge's or gRPC's message).
+        whole_call: True when the item got no result of its own because the call failed as
+            a whole (no connection, deadline, token refused, channel closed, bridge
+            stopped): the item itself may be fine, and sending it again may score it.
     """
 
     code: str
     reason: str | None
     message: str
+    whole_call: bool = False
 
     @property
     def cause(self) -> str:
@@ -116,30 +115,12 @@ Outcome = verify_pb2.VerifyResponse | Failure
 ...), or a `Failure`."""
 
 
-_lock = threading.Lock()
-_pid = os.getpid()
-_channels: dict[str, tuple[grpc.Channel, verify_pb2_grpc.VerifyServiceStub]] = {}
-# Channels inherited over fork: kept referenced, never used or closed in the child.
-_inherited: list[grpc.Channel] = []
-
-
-def channel(target: str) -> tuple[grpc.Channel, verify_pb2_grpc.VerifyServiceStub]:
-    """The process's channel and stub for `target` ("host:port"), created on first use.
-
-    Thread-safe. In a forked child, the parent's channels are set aside and new ones made.
-    """
-    global _pid
-    with _lock:
-        if os.getpid() != _pid:
-            _inherited.extend(ch for ch, _ in _channels.values())
-            _channels.clear()
-            _pid = os.getpid()
-        entry = _channels.get(target)
-        if entry is None:
-            ch = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-            entry = (ch, verify_pb2_grpc.VerifyServiceStub(ch))
-            _channels[target] = entry
-        return entry
+def channel(
+    target: str, security: Security = channels.PLAINTEXT
+) -> tuple[grpc.Channel, verify_pb2_grpc.VerifyServiceStub]:
+    """The process's shared channel and stub for `target` (see `channels.shared`)."""
+    connection = channels.shared(target, security)
+    return connection.channel, connection.stub
 
 
 def _messages(
@@ -197,7 +178,8 @@ class _Results:
         self.outcomes[i] = Failure.from_status(result.error) if result.HasField("error") else result
 
     def finish(self, call_failure: Failure | None) -> list[Outcome]:
-        """All outcomes; items without a result get `call_failure` (the call's own failure).
+        """All outcomes; items without a result get `call_failure` (the call's own failure,
+        marked `whole_call`).
 
         Raises:
             ProtocolError: items are unanswered although the call ended OK.
@@ -208,7 +190,12 @@ class _Results:
                 f"bridge at {self.target} ended VerifyStream OK with {missing} of "
                 f"{len(self.sendable)} items unanswered"
             )
+        if call_failure is not None:
+            call_failure = replace(call_failure, whole_call=True)
         return [call_failure if o is None else o for o in self.outcomes]  # type: ignore[misc]
+
+
+CANCELLED = Failure("CANCELLED", None, "the client closed its channel to the bridge")
 
 
 def _no_connection(target: str, wait: float, timeout: float) -> Failure:
@@ -225,6 +212,8 @@ def verify_batch(
     *,
     timeout: float,
     connect_timeout: float,
+    security: Security = channels.PLAINTEXT,
+    connection: channels.Connection | None = None,
 ) -> list[Outcome]:
     """Score `requests` over one `VerifyStream` call and return one outcome per request, in
     the order of `requests`.
@@ -236,11 +225,16 @@ def verify_batch(
     sent.
 
     Args:
-        target: the bridge's "host:port".
+        target: the bridge's gRPC target ("host:port", "ipv4:A:P,B:P", "dns:///name:port").
         requests: items with unique `request_id`s.
         timeout: gRPC deadline of the whole call, seconds.
         connect_timeout: most seconds to wait for a connection to the bridge (bounded by
             `timeout`); a bridge that is still starting is waited for, not failed at once.
+        security: TLS files and token (`channels.Security.from_env`); default plaintext,
+            no token. A wrong or missing token fails every item with UNAUTHENTICATED.
+        connection: a `channels.Connection` to use instead of the shared one for `target`
+            (with `security`'s TLS files). Once it is closed, unanswered items get
+            CANCELLED (marked `whole_call`).
 
     Raises:
         ValueError: two requests share a `request_id`.
@@ -252,30 +246,30 @@ def verify_batch(
         return results.finish(None)
 
     deadline = time.monotonic() + timeout
-    ch, stub = channel(target)
+    connection = connection or channels.shared(target, security)
     wait = min(connect_timeout, timeout)
-    ready = grpc.channel_ready_future(ch)
-    try:
-        ready.result(timeout=wait)
-    except grpc.FutureTimeoutError:
-        ready.cancel()
+    if not connection.wait_ready(wait):
+        if connection.closed:
+            return results.finish(CANCELLED)
         return results.finish(_no_connection(target, wait, timeout))
-
-    call = stub.VerifyStream(
+    with connection.stream(
         _messages(results.sendable),
         timeout=max(deadline - time.monotonic(), 0.0),
+        metadata=security.metadata(),
         wait_for_ready=True,
-    )
-    call_failure = None
-    try:
-        for message in call:
-            for result in message.results:
-                results.add(result)
-    except ProtocolError:
-        call.cancel()
-        raise
-    except grpc.RpcError as error:
-        call_failure = Failure.from_rpc_error(error)
+    ) as call:
+        if call is None:
+            return results.finish(CANCELLED)
+        call_failure = None
+        try:
+            for message in call:
+                for result in message.results:
+                    results.add(result)
+        except ProtocolError:
+            call.cancel()
+            raise
+        except grpc.RpcError as error:
+            call_failure = Failure.from_rpc_error(error)
     return results.finish(call_failure)
 
 
@@ -285,6 +279,7 @@ async def verify_batch_async(
     *,
     timeout: float,
     connect_timeout: float,
+    security: Security = channels.PLAINTEXT,
 ) -> list[Outcome]:
     """`verify_batch` for asyncio: the same arguments, outcomes and errors, over `grpc.aio`.
 
@@ -297,7 +292,7 @@ async def verify_batch_async(
         return results.finish(None)
 
     deadline = time.monotonic() + timeout
-    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as ch:
+    async with channels.aio_channel(target, security) as ch:
         wait = min(connect_timeout, timeout)
         try:
             await asyncio.wait_for(ch.channel_ready(), wait)
@@ -307,6 +302,7 @@ async def verify_batch_async(
         call = stub.VerifyStream(
             _messages(results.sendable),
             timeout=max(deadline - time.monotonic(), 0.0),
+            metadata=security.metadata(),
             wait_for_ready=True,
         )
         call_failure = None

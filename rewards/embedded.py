@@ -4,13 +4,19 @@ When no bridge target is configured (`NEMO_GYM_GRPC_TARGET` unset), the reward f
 `ensure_bridge(spec)`, which runs
 
     <sys.executable> -m nemo_gym_grpc.bridge serve --listen 127.0.0.1:0 --ready-file <tmp>
-        [--head-url URL] [--server NAME=BASE_URL ...] [--verify-timeout SECONDS]
+        --exit-with-parent [--head-url URL] [--server NAME=BASE_URL ...]
+        [--verify-timeout SECONDS]
 
 and waits (at most `NEMO_GYM_GRPC_STARTUP_TIMEOUT` seconds, default 60) until the bridge has
 written "host:port" to the ready file (it does so atomically once serving). Later calls with
 the same `BridgeSpec` reuse it; a bridge that has exited is replaced on the next call. Each
 bridge is stopped at interpreter exit: SIGTERM to its recorded PID (the bridge then drains
-gracefully), a wait, then SIGKILL. Nothing is ever signalled by name.
+gracefully), a wait, then SIGKILL. Nothing is ever signalled by name. If this process dies
+without running its exit handlers (SIGKILL, os._exit), `--exit-with-parent` makes the bridge
+notice within about a second and stop by itself.
+
+The bridge inherits this process's environment as it is when the bridge starts, so with
+`NEMO_GYM_GRPC_TOKEN` set it requires that token (which the reward functions send).
 
 The bridge runs in the caller's process group (so a signal to the whole job reaches it too),
 with its working directory in a private temporary folder that also holds the ready file and
@@ -70,6 +76,7 @@ class BridgeSpec:
             "127.0.0.1:0",
             "--ready-file",
             str(ready_file),
+            "--exit-with-parent",
         ]
         if self.head_url:
             command += ["--head-url", self.head_url]

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_gym_grpc.rewards import client, convert, embedded, extras, policy, settings
+from nemo_gym_grpc.rewards import channels, client, convert, embedded, extras, policy, settings
 
 # The `model` the seed's reward_nemo_gym_verify wrote into its Responses object.
 SEED_MODEL = "axolotl"
@@ -68,9 +68,13 @@ def reward_nemo_gym_verify(completions, prompts=None, **kwargs):
         **kwargs: other dataset columns and TRL arguments, ignored.
 
     Settings, read from the environment at each call:
-        `NEMO_GYM_GRPC_TARGET` ("host:port" of a running bridge); unset: an embedded bridge
-        started on first use, discovering resources servers from the head server at
+        `NEMO_GYM_GRPC_TARGET` (gRPC target of a running bridge: "host:port", or several,
+        "ipv4:A:P,B:P" / "dns:///name:port", balanced round robin); unset: an embedded
+        bridge started on first use, discovering resources servers from the head server at
         `NEMO_GYM_HEAD_URL` (default http://127.0.0.1:11000).
+        `NEMO_GYM_GRPC_CA` (TLS), `NEMO_GYM_GRPC_CLIENT_CERT` / `NEMO_GYM_GRPC_CLIENT_KEY`
+        (mTLS), `NEMO_GYM_GRPC_TOKEN` (bearer token on every call; a wrong or missing one
+        fails the items with UNAUTHENTICATED). See `nemo_gym_grpc.rewards.channels`.
         `NEMO_GYM_GRPC_BATCH_TIMEOUT` (600 s): deadline of the whole call.
         `NEMO_GYM_GRPC_CONNECT_TIMEOUT` (60 s): wait for a connection to the bridge.
         `NEMO_GYM_GRPC_ON_ERROR` (none | zero | raise) and
@@ -86,7 +90,8 @@ def reward_nemo_gym_verify(completions, prompts=None, **kwargs):
         ScoringError: on_error=raise and an item failed, or more than the allowed fraction of
             the items failed (the message counts failures by cause).
         ValueError: `resources_server_ref` missing, a column's length differs from the number
-            of completions, or an env var holds an invalid value.
+            of completions, or an env var holds an invalid value (e.g. an unreadable
+            `NEMO_GYM_GRPC_CA` file).
         TypeError: a completion, prompt or row has an unusable shape.
         RuntimeError: the embedded bridge could not be started.
         client.ProtocolError: the bridge's results do not match the items sent.
@@ -136,7 +141,8 @@ def create_nemo_gym_reward_fn(
         model_name: `model` written into the Responses object built from each completion.
         verify_timeout: seconds per upstream `/verify` call (sent with every item, and the
             embedded bridge's default).
-        target: keyword-only: "host:port" of a running bridge. Default: the
+        target: keyword-only: gRPC target of a running bridge (TLS and token from the
+            env vars of `reward_nemo_gym_verify`). Default: the
             `NEMO_GYM_GRPC_TARGET` env var at call time; if that is unset too, an embedded
             bridge routing exactly `verify_endpoints` (`--server NAME=BASE_URL` each, no head
             server discovery) is started on first use. A running bridge routes by its own
@@ -227,10 +233,13 @@ class _Scorer:
             batch_id=batch_id,
             include_reply=extras.wanted(kwargs),
         )
+        target = self.target or settings.target()
         return _Job(
             batch=batch,
             batch_id=batch_id,
-            target=self.target or settings.target(),
+            target=target,
+            # TLS applies to a configured target; an embedded bridge is plaintext on loopback
+            security=channels.Security.from_env(tls=target is not None),
             deadline=(
                 settings.batch_timeout() if self.batch_timeout is None else self.batch_timeout
             ),
@@ -263,6 +272,7 @@ class _Job:
     batch: convert.Batch
     batch_id: str
     target: str | None
+    security: channels.Security
     deadline: float
     connect_timeout: float
     on_error: str
@@ -289,7 +299,11 @@ def _score(
     if job.batch.requests:
         bridge = job.target or embedded.ensure_bridge(scorer.spec())
         sent = client.verify_batch(
-            bridge, job.batch.requests, timeout=job.deadline, connect_timeout=job.connect_timeout
+            bridge,
+            job.batch.requests,
+            timeout=job.deadline,
+            connect_timeout=job.connect_timeout,
+            security=job.security,
         )
     return scorer.finish(job, bridge, sent, kwargs)
 
@@ -305,6 +319,10 @@ async def _score_async(
     if job.batch.requests:
         bridge = job.target or await asyncio.to_thread(embedded.ensure_bridge, scorer.spec())
         sent = await client.verify_batch_async(
-            bridge, job.batch.requests, timeout=job.deadline, connect_timeout=job.connect_timeout
+            bridge,
+            job.batch.requests,
+            timeout=job.deadline,
+            connect_timeout=job.connect_timeout,
+            security=job.security,
         )
     return scorer.finish(job, bridge, sent, kwargs)

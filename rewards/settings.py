@@ -1,7 +1,11 @@
 """Environment variables read by the reward functions (at call time, not at import).
 
-- `NEMO_GYM_GRPC_TARGET` (unset): "host:port" of a running bridge; unset = start an
-  embedded bridge on first use (`embedded.py`).
+- `NEMO_GYM_GRPC_TARGET` (unset): gRPC target of a running bridge ("host:port", or several
+  bridges: "ipv4:HOST:PORT,HOST:PORT" / "dns:///NAME:PORT", balanced round robin); unset =
+  start an embedded bridge on first use (`embedded.py`).
+- `NEMO_GYM_GRPC_CA`, `NEMO_GYM_GRPC_CLIENT_CERT`, `NEMO_GYM_GRPC_CLIENT_KEY` (unset): PEM
+  paths for TLS to the target (CA set = TLS) and mTLS (client certificate and key).
+- `NEMO_GYM_GRPC_TOKEN` (unset): bearer token sent on every call (`channels.py`).
 - `NEMO_GYM_HEAD_URL` (`http://127.0.0.1:11000`): the NeMo Gym head server that the embedded
   bridge of `reward_nemo_gym_verify` discovers resources servers from.
 - `NEMO_GYM_GRPC_BATCH_TIMEOUT` (600): gRPC deadline, in seconds, of one batch's
@@ -27,6 +31,10 @@ CONNECT_TIMEOUT_ENV = "NEMO_GYM_GRPC_CONNECT_TIMEOUT"
 STARTUP_TIMEOUT_ENV = "NEMO_GYM_GRPC_STARTUP_TIMEOUT"
 ON_ERROR_ENV = "NEMO_GYM_GRPC_ON_ERROR"
 MAX_FAILURE_FRACTION_ENV = "NEMO_GYM_GRPC_MAX_FAILURE_FRACTION"
+CA_ENV = "NEMO_GYM_GRPC_CA"
+CLIENT_CERT_ENV = "NEMO_GYM_GRPC_CLIENT_CERT"
+CLIENT_KEY_ENV = "NEMO_GYM_GRPC_CLIENT_KEY"
+TOKEN_ENV = "NEMO_GYM_GRPC_TOKEN"  # the bridge reads the same name
 
 DEFAULT_HEAD_URL = "http://127.0.0.1:11000"  # NeMo Gym's DEFAULT_HEAD_SERVER_PORT
 DEFAULT_BATCH_TIMEOUT = 600.0
@@ -64,7 +72,7 @@ def env_seconds(name: str, default: float) -> float:
 
 
 def target() -> str | None:
-    """`NEMO_GYM_GRPC_TARGET` ("host:port" of a running bridge), or None when unset."""
+    """`NEMO_GYM_GRPC_TARGET` (gRPC target of running bridges), or None when unset."""
     return env_text(TARGET_ENV)
 
 
