@@ -15,6 +15,7 @@ from pythonjsonlogger.json import JsonFormatter
 from nemo_gym_grpc.bridge.server import BridgeConfig, check_exposure, serve
 from nemo_gym_grpc.bridge.verifier import RetryPolicy
 from nemo_gym_grpc.bridge.workers import run_workers
+from nemo_gym_grpc.rewards.score import add_score_command, run_score
 
 TOKEN_ENV = "NEMO_GYM_GRPC_TOKEN"
 
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="text lines, or one JSON object per line for log collectors (default %(default)s)",
     )
+    add_score_command(commands)
     return parser
 
 
@@ -164,6 +166,8 @@ def _token(path: Path | None) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `nemo-gym-grpc` console script. Returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.command == "score":
+        return run_score(args)
     handler = logging.StreamHandler(sys.stderr)
     if args.log_format == "json":
         handler.setFormatter(
