@@ -34,13 +34,14 @@ class Upstream:
         self.latency = latency
         self._tmp = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_bench_up_"))
         ready = self._tmp / "ready"
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "upstream.py"), "--latency", repr(latency)]
-            + ["--ready-file", str(ready)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=open(self._tmp / "stderr.log", "wb"),  # noqa: SIM115 (lives with the process)
-        )
+        with open(self._tmp / "stderr.log", "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(HERE / "upstream.py"), "--latency", repr(latency)]
+                + ["--ready-file", str(ready)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
         self.pid = self.proc.pid
         deadline = time.monotonic() + timeout
         while not (ready.exists() and ready.read_text().endswith("\n")):
@@ -57,8 +58,9 @@ class Upstream:
         self.stop()
 
     def stop(self) -> None:
-        """SIGTERM by PID, wait, SIGKILL if it is still there."""
+        """SIGTERM by PID, wait, SIGKILL if it is still there; remove its temporary folder."""
         stop_pid(self.proc)
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def stop_pid(proc: subprocess.Popen, timeout: float = 10.0) -> None:
@@ -188,12 +190,14 @@ def versions(nemo_gym: str | None) -> dict:
         with contextlib.suppress(metadata.PackageNotFoundError):
             found[name] = metadata.version(name)
     found["nemo-gym"] = nemo_gym
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        found["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=HERE,
-            capture_output=True,
-            text=True,
-            check=True,
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=HERE, capture_output=True, text=True, check=True
         ).stdout.strip()
+
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        found["git_commit"] = git("rev-parse", "--short", "HEAD")
+        if git("status", "--porcelain", "--", "../bridge", "../rewards"):
+            found["git_commit"] += " (bridge/ or rewards/ modified)"
     return found

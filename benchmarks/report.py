@@ -113,7 +113,8 @@ def markdown(results: dict) -> str:
             f"{sc['1_mcqa']['concurrency']}: (a) seed loop {_fmt(d['seed_items_per_s'])}/s, "
             f"(b) aiohttp fan-out {_fmt(d['fanout_items_per_s'])}/s, (c) bridge "
             f"{_fmt(d['bridge_items_per_s'])}/s; (c)/(b) {_fmt(d['c_over_b'])}, (c)/(a) "
-            f"{_fmt(d['c_over_a'])}x.",
+            f"{_fmt(d['c_over_a'])}x; bridge CPU {_fmt(d['bridge_cpu_us_per_item'], ' us')} "
+            "per item.",
         ]
     if "2_latency_bound" in sc:
         lines += ["", "**2. Latency-bound upstream**, wall time for N items:", ""]
@@ -142,15 +143,22 @@ def markdown(results: dict) -> str:
         ]
     if "4_capacity" in sc:
         lines += ["", "**4. Capacity** (zero-work upstream; all processes share the cores):", ""]
-        lines += ["| workers | items/s | bridge CPU/item | upstream CPU/item | client CPU/item |"]
-        lines += ["|---|---|---|---|---|"]
+        lines += [
+            "| workers | items/s | bridge CPU/item | upstream CPU/item | client CPU/item "
+            "| bridge CPU s by process, per round |",
+            "|---|---|---|---|---|---|",
+        ]
         for entry in sc["4_capacity"].values():
             d = entry["median"]
+            split = "; ".join(
+                " + ".join(f"{x:.2f}" for x in r["bridge_cpu_s_by_process"])
+                for r in entry["rounds"]
+            )
             lines.append(
                 f"| {entry['workers']} | {_fmt(d['items_per_s'])} | "
                 f"{_fmt(d['bridge_cpu_us_per_item'], ' us')} | "
                 f"{_fmt(d['upstream_cpu_us_per_item'], ' us')} | "
-                f"{_fmt(d['client_cpu_us_per_item'], ' us')} |"
+                f"{_fmt(d['client_cpu_us_per_item'], ' us')} | {split} |"
             )
     if "5_added_latency" in sc:
         d = sc["5_added_latency"]["median"]

@@ -36,7 +36,7 @@ class Settings:
     scale_items: int = 16384
     scale_latency: float = 1.0
     capacity_items: int = 20000
-    capacity_streams: int = 8
+    capacity_streams: int = 16  # connections; SO_REUSEPORT spreads connections, not items
     workers: tuple[int, ...] = (1, 2)
     probe_items: int = 1000
     profile_dir: Path | None = None  # set: py-spy profiles of an extra run of scenarios 3, 4
