@@ -25,6 +25,7 @@ UPSTREAM_HTTP_ERROR = "UPSTREAM_HTTP_ERROR"
 UPSTREAM_BAD_REPLY = "UPSTREAM_BAD_REPLY"
 UPSTREAM_JUDGE_FAILED = "UPSTREAM_JUDGE_FAILED"
 UPSTREAM_REPORTED_FAILURE = "UPSTREAM_REPORTED_FAILURE"
+UPSTREAM_SESSION_FAILED = "UPSTREAM_SESSION_FAILED"
 BRIDGE_INTERNAL = "BRIDGE_INTERNAL"
 
 
@@ -70,8 +71,11 @@ def invalid_item(message: str, **metadata: object) -> ItemError:
     return ItemError(code_pb2.INVALID_ARGUMENT, INVALID_ITEM, message, **metadata)
 
 
-def http_status_error(status: int, url: str, body: bytes) -> ItemError:
-    """Map an upstream non-200 HTTP reply to a canonical code (gRPC status-code guide).
+def http_status_error(
+    status: int, url: str, body: bytes, reason: str = UPSTREAM_HTTP_ERROR
+) -> ItemError:
+    """Map an upstream non-200 HTTP reply to a canonical code (gRPC status-code guide), with
+    `reason` (UPSTREAM_HTTP_ERROR for `/verify`, UPSTREAM_SESSION_FAILED for `/seed_session`).
 
     502/503/504 -> UNAVAILABLE, 429 -> RESOURCE_EXHAUSTED, 400/422 -> INVALID_ARGUMENT,
     401 -> UNAUTHENTICATED, 403 -> PERMISSION_DENIED, 404/405 -> UNIMPLEMENTED (no `/verify`
@@ -95,7 +99,7 @@ def http_status_error(status: int, url: str, body: bytes) -> ItemError:
     snippet = body[:200].decode("utf-8", "replace")
     return ItemError(
         code,
-        UPSTREAM_HTTP_ERROR,
+        reason,
         f"{url} answered HTTP {status}: {snippet}",
         httpStatus=status,
         upstreamUrl=url,

@@ -1,0 +1,112 @@
+"""Spreading items over the upstream replicas of one resources server.
+
+Each upstream base URL is a `Replica` with its own slots (`--max-in-flight` concurrent calls)
+and two counters: items waiting for a slot there and items holding one. `Balancer.pick` sends
+an item to the replica with the fewest of both (least in-flight), rotating between equals, and
+avoids for `REFUSED_COOLDOWN` seconds a replica that refused a connection. Counters change only
+inside `Replica.use()`, so no failure or cancellation can leave them raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+
+# Seconds a replica that refused a connection is passed over while another one is available.
+REFUSED_COOLDOWN = 5.0
+
+
+class Replica:
+    """One upstream base URL and its load.
+
+    Args:
+        url: base URL, e.g. "http://127.0.0.1:18001" (no trailing slash).
+        max_in_flight: most concurrent calls to it (its slots).
+
+    Attributes:
+        waiting: items routed here that wait for a slot.
+        in_flight: items holding a slot (an HTTP request to it outstanding).
+        refused_until: `time.monotonic()` until which it is passed over (0 = never refused).
+    """
+
+    def __init__(self, url: str, max_in_flight: int) -> None:
+        self.url = url
+        self.waiting = 0
+        self.in_flight = 0
+        self.refused_until = 0.0
+        self._slots = asyncio.Semaphore(max_in_flight)
+
+    @property
+    def load(self) -> int:
+        """Items routed here and not finished: waiting plus in flight."""
+        return self.waiting + self.in_flight
+
+    def refused(self) -> None:
+        """Record a refused connection: pass this replica over for REFUSED_COOLDOWN s."""
+        self.refused_until = time.monotonic() + REFUSED_COOLDOWN
+
+    @asynccontextmanager
+    async def use(self) -> AsyncIterator[float]:
+        """Hold one of this replica's slots for the body; yields the seconds spent waiting for
+        it. The counters are restored however the body (or the wait) ends."""
+        queued_at = time.monotonic()
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        self.in_flight += 1
+        try:
+            yield time.monotonic() - queued_at
+        finally:
+            self.in_flight -= 1
+            self._slots.release()
+
+
+class Balancer:
+    """The replicas of every upstream URL the bridge has called, and the choice among them.
+
+    Args:
+        max_in_flight: slots per replica (`--max-in-flight`).
+    """
+
+    def __init__(self, max_in_flight: int) -> None:
+        self._max_in_flight = max_in_flight
+        self._replicas: dict[str, Replica] = {}
+        self._turn = 0
+
+    def replica(self, url: str) -> Replica:
+        """The Replica of base URL `url` (created on first use, kept for the process)."""
+        found = self._replicas.get(url)
+        if found is None:
+            found = self._replicas[url] = Replica(url, self._max_in_flight)
+        return found
+
+    def replicas(self) -> list[Replica]:
+        """Every replica called so far (for metrics)."""
+        return list(self._replicas.values())
+
+    def pick(self, urls: list[str], tried: Iterable[str] = ()) -> Replica:
+        """The replica of `urls` (a non-empty list of base URLs) for the next call.
+
+        Order of preference: not in `tried` (the item's earlier attempts), not refused within
+        REFUSED_COOLDOWN, least load; equals take turns. When every replica was tried or
+        refused, the least loaded of them is still returned.
+        """
+        now = time.monotonic()
+        skip = set(tried)
+        self._turn += 1
+        count = len(urls)
+
+        def rank(index: int) -> tuple[bool, bool, int, int]:
+            replica = self.replica(urls[index])
+            return (
+                replica.url in skip,
+                replica.refused_until > now,
+                replica.load,
+                (index - self._turn) % count,
+            )
+
+        return self.replica(urls[min(range(count), key=rank)])

@@ -1,0 +1,128 @@
+"""Prometheus metrics of one bridge process, served on `serve --metrics-port P` at `/metrics`.
+
+- `nemo_gym_grpc_items_total` (counter): items answered, by `resources_server`, `outcome`
+  (ok/error), `code` (gRPC code name) and `reason` (ErrorInfo reason, "" when ok);
+- `nemo_gym_grpc_upstream_latency_seconds` (histogram): one upstream HTTP call, by
+  `resources_server` and `route` (/verify, /seed_session);
+- `nemo_gym_grpc_upstream_retries_total` (counter): attempts after an item's first, by
+  `resources_server` and `reason` (of the failure that was retried);
+- `nemo_gym_grpc_upstream_in_flight` / `nemo_gym_grpc_upstream_waiting` (gauges): calls
+  holding a slot / items waiting for one, by `upstream` (base URL of the replica);
+- `nemo_gym_grpc_active_streams` (gauge): open VerifyStream calls.
+
+A name that is not routable is counted as `resources_server="(unknown)"`, so request text
+cannot grow the label set. Each process has its own registry; with `--workers N` worker i
+serves its own metrics on port P+i (see cli.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from nemo_gym_grpc.bridge.balancer import Balancer
+
+UNKNOWN_SERVER = "(unknown)"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    """The bridge's metrics in their own registry (`self.registry`)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.items = Counter(
+            "nemo_gym_grpc_items",
+            "Items answered, by resources server, outcome (ok/error), gRPC code and reason.",
+            ["resources_server", "outcome", "code", "reason"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "nemo_gym_grpc_upstream_latency_seconds",
+            "Seconds of one upstream HTTP call (from its slot to its whole reply), any outcome.",
+            ["resources_server", "route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "nemo_gym_grpc_upstream_retries",
+            "Upstream attempts after an item's first, by the reason of the failure retried.",
+            ["resources_server", "reason"],
+            registry=self.registry,
+        )
+
+    def watch(self, balancer: Balancer, active_streams: Callable[[], int]) -> None:
+        """Report the load gauges from `balancer`'s replicas and `active_streams()` at each
+        scrape (read from the live counters, so they cannot drift from them)."""
+        self.registry.register(_LoadCollector(balancer, active_streams))
+
+    def item(self, resources_server: str, code: str, reason: str) -> None:
+        """Count one answered item. `code` is a gRPC code name ("OK" on success); `reason`
+        the ErrorInfo reason ("" on success)."""
+        outcome = "ok" if code == "OK" else "error"
+        self.items.labels(resources_server, outcome, code, reason).inc()
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus' text format."""
+        return generate_latest(self.registry)
+
+
+class _LoadCollector:
+    def __init__(self, balancer: Balancer, active_streams: Callable[[], int]) -> None:
+        self._balancer = balancer
+        self._active_streams = active_streams
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "nemo_gym_grpc_upstream_in_flight",
+            "Upstream calls holding a slot (HTTP request outstanding), by base URL.",
+            labels=["upstream"],
+        )
+        waiting = GaugeMetricFamily(
+            "nemo_gym_grpc_upstream_waiting",
+            "Items waiting for a slot of an upstream (--max-in-flight), by base URL.",
+            labels=["upstream"],
+        )
+        for replica in self._balancer.replicas():
+            in_flight.add_metric([replica.url], replica.in_flight)
+            waiting.add_metric([replica.url], replica.waiting)
+        yield in_flight
+        yield waiting
+        yield GaugeMetricFamily(
+            "nemo_gym_grpc_active_streams",
+            "Open VerifyStream calls.",
+            value=self._active_streams(),
+        )
+
+
+async def start_metrics_server(metrics: Metrics, host: str, port: int) -> web.AppRunner:
+    """Serve `GET /metrics` on host:port on the running event loop.
+
+    Returns the runner (call `cleanup()` to stop); the bound port is
+    `runner.addresses[0][1]`. Raises OSError when the address cannot be bound.
+    """
+
+    async def scrape(_request: web.Request) -> web.Response:
+        return web.Response(
+            body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    app = web.Application()
+    app.router.add_get("/metrics", scrape)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    return runner
