@@ -5,7 +5,8 @@ Statuses kept:
   table is known (a `--server` entry exists or one head-server discovery succeeded), SERVING
   after, NOT_SERVING again while draining.
 - `nemo_gym_grpc.v1.VerifyService/<resources server name>`: the readiness view, SERVING while
-  that upstream answers NeMo Gym's liveness route `GET /` with 200, else NOT_SERVING.
+  at least one of its upstream replicas answers NeMo Gym's liveness route `GET /` with 200,
+  else NOT_SERVING.
 Kubernetes' gRPC probes and grpc-health-probe read these.
 """
 
@@ -70,7 +71,7 @@ class Readiness:
         if not self.known:
             await self._learn_routes()
         entries = self._upstreams.entries()
-        answers = await asyncio.gather(*(self._probe(e.urls[0]) for e in entries))
+        answers = await asyncio.gather(*(self._any_answers(e.urls) for e in entries))
         for entry, ok in zip(entries, answers, strict=True):
             if self._answering.get(entry.name) != ok:
                 log.info("resources server %s %s", entry.name, "answers" if ok else "is DOWN")
@@ -94,6 +95,10 @@ class Readiness:
                 log.info("route %s -> %s (%s)", entry.name, ", ".join(entry.urls), entry.source)
             await self._servicer.set("", SERVING)
             await self._servicer.set(SERVICE_NAME, SERVING)
+
+    async def _any_answers(self, urls: list[str]) -> bool:
+        """True when at least one replica answers its liveness route."""
+        return any(await asyncio.gather(*(self._probe(url) for url in urls)))
 
     async def _probe(self, url: str) -> bool:
         try:

@@ -1,5 +1,6 @@
 """Run the bridge: a grpc.aio server on one event loop, an aiohttp session for the upstreams,
-health checking, reflection, optional TLS/mTLS and bearer-token auth, graceful drain."""
+health checking, reflection, optional TLS/mTLS and bearer-token auth, Prometheus metrics,
+graceful drain."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from grpc_reflection.v1alpha import reflection
 from nemo_gym_grpc.bridge.auth import BearerTokenInterceptor
 from nemo_gym_grpc.bridge.health import NOT_SERVING, SERVICE_NAME, Readiness
 from nemo_gym_grpc.bridge.limits import StreamLimitInterceptor
-from nemo_gym_grpc.bridge.service import VerifyService
+from nemo_gym_grpc.bridge.metrics import Metrics, start_metrics_server
+from nemo_gym_grpc.bridge.service import VerifyService, parse_verify_request
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.bridge.verifier import RetryPolicy, Verifier
-from nemo_gym_grpc.v1 import verify_pb2_grpc
+from nemo_gym_grpc.v1 import verify_pb2
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +38,15 @@ class BridgeConfig:
     Attributes:
         listen: gRPC address "host:port" (port 0 = any free port).
         head_url: NeMo Gym head server base URL for discovery, or None.
-        servers: static {resources server name: base URL}.
+        servers: static {resources server name: base URL, or a list of them (replicas)}.
+        session_servers: names whose items always run as their own NeMo Gym session
+            (`/seed_session` first), as if each set `VerifyRequest.seed_session`.
         verify_timeout: default seconds for one upstream `/verify` attempt.
-        max_in_flight: most concurrent `/verify` calls per upstream.
+        max_in_flight: most concurrent upstream calls per upstream replica.
         retry: retry policy for transient upstream failures (UNAVAILABLE, RESOURCE_EXHAUSTED).
         max_stream_items: most items one VerifyStream holds at once.
+        max_batch_items: most items in one VerifyStreamRequest message; None = the same as
+            `max_stream_items`, which it may not exceed.
         max_streams: most concurrent VerifyStream calls.
         max_message_bytes: gRPC receive/send limit per message, bytes (gRPC's default
             receive limit of 4 MiB is too small for 64 long completions).
@@ -57,15 +63,19 @@ class BridgeConfig:
         ready_file: if set, "host:port" of the bound address is written here once serving.
         exit_with_parent: stop when the parent process (the one that started us) exits.
         health_interval: seconds between readiness rounds.
+        metrics_host, metrics_port: where to serve Prometheus `/metrics` over HTTP;
+            port None = no metrics server (0 = any free port, logged).
     """
 
     listen: str = "127.0.0.1:50051"
     head_url: str | None = None
-    servers: dict[str, str] = field(default_factory=dict)
+    servers: dict[str, str | list[str]] = field(default_factory=dict)
+    session_servers: tuple[str, ...] = ()
     verify_timeout: float = 30.0
     max_in_flight: int = 64
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_stream_items: int = 4096
+    max_batch_items: int | None = None
     max_streams: int = 256
     max_message_bytes: int = 64 * MiB
     max_item_bytes: int = 16 * MiB
@@ -80,6 +90,8 @@ class BridgeConfig:
     ready_file: Path | None = None
     exit_with_parent: bool = False
     health_interval: float = 5.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
 
 
 def is_loopback(listen: str) -> bool:
@@ -112,6 +124,55 @@ def check_exposure(config: BridgeConfig) -> None:
         "set --tls-cert/--tls-key and/or --token-file (or NEMO_GYM_GRPC_TOKEN), "
         "or pass --insecure"
     )
+
+
+def check_limits(config: BridgeConfig) -> None:
+    """Refuse limits that contradict each other.
+
+    Raises:
+        ValueError: a limit below 1, or `max_batch_items` over `max_stream_items` (a message
+            is parsed whole, so a bigger one would break the bound on items held per stream).
+    """
+    for flag, value in (
+        ("--max-stream-items", config.max_stream_items),
+        ("--max-batch-items", config.max_batch_items),
+        ("--max-in-flight", config.max_in_flight),
+        ("--max-streams", config.max_streams),
+    ):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
+    if config.max_batch_items is not None and config.max_batch_items > config.max_stream_items:
+        raise ValueError(
+            f"--max-batch-items {config.max_batch_items} exceeds --max-stream-items "
+            f"{config.max_stream_items}: a message is parsed whole, so it may not hold more "
+            "items than a stream holds at once"
+        )
+
+
+def add_verify_service(service: VerifyService, server: grpc.aio.Server) -> None:
+    """Register `service` like the generated `add_VerifyServiceServicer_to_server`, except that
+    `Verify` parses its request with `parse_verify_request`: a message gRPC cannot parse
+    (invalid UTF-8 in a string field) gets INVALID_ARGUMENT instead of UNKNOWN."""
+    handlers = {
+        "Verify": grpc.unary_unary_rpc_method_handler(
+            service.Verify,
+            request_deserializer=parse_verify_request,
+            response_serializer=verify_pb2.VerifyResponse.SerializeToString,
+        ),
+        "VerifyStream": grpc.stream_stream_rpc_method_handler(
+            service.VerifyStream,
+            request_deserializer=verify_pb2.VerifyStreamRequest.FromString,
+            response_serializer=verify_pb2.VerifyStreamResponse.SerializeToString,
+        ),
+        "ListResourcesServers": grpc.unary_unary_rpc_method_handler(
+            service.ListResourcesServers,
+            request_deserializer=verify_pb2.ListResourcesServersRequest.FromString,
+            response_serializer=verify_pb2.ListResourcesServersResponse.SerializeToString,
+        ),
+    }
+    generic = grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+    server.add_generic_rpc_handlers((generic,))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def grpc_options(config: BridgeConfig) -> list[tuple[str, int]]:
@@ -160,10 +221,13 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
     `config.grace` seconds to finish, then the rest are cancelled.
 
     Raises:
-        ValueError: an unsafe or inconsistent exposure (see `check_exposure`).
+        ValueError: an unsafe or inconsistent exposure or limits (`check_exposure`,
+            `check_limits`).
         RuntimeError: the listen address cannot be bound.
+        OSError: the metrics address cannot be bound.
     """
     check_exposure(config)
+    check_limits(config)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -172,14 +236,17 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
     # Idle upstream connections are closed after 15 s: NeMo Gym's uvicorn closes them after
     # 30 s, and reusing one just as the server closes it costs a retry.
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=15)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    # No cookie jar: NeMo Gym sets a session cookie on every reply; a shared jar would send
+    # it with other items' calls. An item's session cookies travel explicitly (sessions.py).
+    cookies = aiohttp.DummyCookieJar()
+    async with aiohttp.ClientSession(connector=connector, cookie_jar=cookies) as session:
         upstreams = Upstreams(config.servers, config.head_url, session)
-        interceptors: list[grpc.aio.ServerInterceptor] = [
-            StreamLimitInterceptor(config.max_streams)
-        ]
+        stream_limit = StreamLimitInterceptor(config.max_streams)
+        interceptors: list[grpc.aio.ServerInterceptor] = [stream_limit]
         if config.token:
             interceptors.insert(0, BearerTokenInterceptor(config.token))
         server = grpc.aio.server(options=grpc_options(config), interceptors=interceptors)
+        metrics = Metrics()
         verifier = Verifier(
             upstreams,
             session,
@@ -187,10 +254,13 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
             config.max_in_flight,
             config.retry,
             config.max_item_bytes,
+            session_servers=config.session_servers,
+            metrics=metrics,
         )
-        verify_pb2_grpc.add_VerifyServiceServicer_to_server(
-            VerifyService(verifier, config.max_stream_items), server
-        )
+        metrics.watch(verifier.balancer, lambda: stream_limit.active)
+        max_batch_items = config.max_batch_items or config.max_stream_items
+        service = VerifyService(verifier, config.max_stream_items, max_batch_items)
+        add_verify_service(service, server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(
@@ -208,6 +278,13 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
             await health_servicer.set(service, NOT_SERVING)
         readiness = Readiness(health_servicer, upstreams, session, config.health_interval)
         await readiness.round()  # routes (and the SERVING status) before the first call
+        metrics_runner = None
+        if config.metrics_port is not None:
+            metrics_runner = await start_metrics_server(
+                metrics, config.metrics_host, config.metrics_port
+            )
+            host, port_bound = metrics_runner.addresses[0][:2]
+            log.info("Prometheus metrics on http://%s:%d/metrics", host, port_bound)
         await server.start()
         background = [asyncio.create_task(readiness.run())]
         if config.exit_with_parent:
@@ -230,6 +307,8 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
             for task in background:
                 task.cancel()
             await server.stop(config.grace)
+            if metrics_runner is not None:
+                await metrics_runner.cleanup()
             log.info("stopped")
 
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
 
 import aiohttp
 import grpc
@@ -24,6 +25,26 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
     return None if remaining is None else time.monotonic() + remaining
 
 
+@dataclass(frozen=True)
+class Unparsable:
+    """A `VerifyRequest` message that could not be parsed (see `parse_verify_request`)."""
+
+    error: DecodeError
+
+
+def parse_verify_request(raw: bytes) -> verify_pb2.VerifyRequest | Unparsable:
+    """The request deserializer of the unary `Verify` (registered in server.py).
+
+    gRPC's own parsing would fail a message that breaks proto3's rules (e.g. invalid UTF-8 in
+    a `string` field) with UNKNOWN before any handler runs; this returns `Unparsable` instead,
+    which `VerifyService.Verify` answers with INVALID_ARGUMENT.
+    """
+    try:
+        return verify_pb2.VerifyRequest.FromString(raw)
+    except DecodeError as exc:
+        return Unparsable(exc)
+
+
 class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
     """Serves Verify, VerifyStream and ListResourcesServers on one event loop.
 
@@ -32,15 +53,28 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
         max_stream_items: most items one VerifyStream holds at once (in flight or with a
             result not yet sent). A client that sends faster waits: the handler stops reading,
             so gRPC flow control slows the sender and memory stays bounded.
+        max_batch_items: most items in one VerifyStreamRequest message; a bigger message
+            ends the stream with RESOURCE_EXHAUSTED naming `--max-batch-items` (the items
+            read before it are answered first).
     """
 
-    def __init__(self, verifier: Verifier, max_stream_items: int = 4096) -> None:
+    def __init__(
+        self, verifier: Verifier, max_stream_items: int = 4096, max_batch_items: int = 4096
+    ) -> None:
         self._verifier = verifier
         self._max_stream_items = max_stream_items
+        self._max_batch_items = max_batch_items
 
     async def Verify(
-        self, request: verify_pb2.VerifyRequest, context: grpc.aio.ServicerContext
+        self,
+        request: verify_pb2.VerifyRequest | Unparsable,
+        context: grpc.aio.ServicerContext,
     ) -> verify_pb2.VerifyResponse:
+        if isinstance(request, Unparsable):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the VerifyRequest could not be parsed ({request.error})",
+            )
         return await self._verifier.verify(request, _deadline(context))
 
     async def VerifyStream(
@@ -49,6 +83,7 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[verify_pb2.VerifyStreamResponse]:
         deadline = _deadline(context)
+        peer = context.peer()  # read now: the call may be gone when the stream ends
         # (result, tracked): tracked results free their request_id when sent.
         finished: asyncio.Queue[tuple[verify_pb2.VerifyResponse, bool] | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self._max_stream_items)
@@ -56,6 +91,7 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
         tasks: set[asyncio.Task[None]] = set()
         accepted = 0  # items read; each gets exactly one result
         unreadable: DecodeError | None = None
+        oversized = 0  # item count of a message over --max-batch-items
         started_at = time.monotonic()
 
         async def score(request: verify_pb2.VerifyRequest) -> None:
@@ -63,11 +99,11 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
                 result = await self._verifier.verify(request, deadline)
             except Exception as exc:  # verify() answers every item; this is a backstop
                 log.exception("verify failed for request_id=%r", request.request_id)
-                result = _internal_error(request, exc)
+                result = self._verifier.failed(request, _internal_error(exc))
             finished.put_nowait((result, True))
 
         async def read() -> None:
-            nonlocal accepted, unreadable
+            nonlocal accepted, unreadable, oversized
             # In grpcio 1.85 a client cancel also ends this iterator normally (grpc#36193);
             # the handler then sees CancelledError at its next await and cleans up below.
             try:
@@ -75,11 +111,16 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
                     if isinstance(batch, DecodeError):
                         unreadable = batch
                         return
+                    if len(batch.items) > self._max_batch_items:
+                        oversized = len(batch.items)
+                        return
                     for request in batch.items:
                         await slots.acquire()
                         accepted += 1
                         if request.request_id in in_flight_ids:
-                            finished.put_nowait((_duplicate(request), False))
+                            finished.put_nowait(
+                                (self._verifier.failed(request, _duplicate(request)), False)
+                            )
                             continue
                         in_flight_ids.add(request.request_id)
                         task = asyncio.create_task(score(request))
@@ -110,6 +151,14 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
                     sent += len(results)
                     yield verify_pb2.VerifyStreamResponse(results=results)
             await reader  # re-raises an error from reading the requests
+            if oversized:
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"a VerifyStreamRequest held {oversized} items; the limit is "
+                    f"{self._max_batch_items} items per message (raise it with "
+                    f"--max-batch-items, or send smaller messages); the {sent} items read "
+                    "before it were answered, it and the rest of the stream were not read",
+                )
             if unreadable is not None:
                 # Proto3 strings must be valid UTF-8; a message that breaks that (or is
                 # otherwise malformed) has items whose request_ids cannot be known.
@@ -123,12 +172,21 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
             reader.cancel()
             for task in tasks:
                 task.cancel()
+            seconds = time.monotonic() - started_at
             log.info(
                 "VerifyStream ended: %d of %d results sent (%d failed) in %.3f s",
                 sent,
                 accepted,
                 failed,
-                time.monotonic() - started_at,
+                seconds,
+                extra={
+                    "event": "verify_stream_end",
+                    "peer": peer,
+                    "items_received": accepted,
+                    "results_sent": sent,
+                    "results_failed": failed,
+                    "duration_seconds": round(seconds, 6),
+                },
             )
 
     async def ListResourcesServers(
@@ -167,18 +225,12 @@ async def _parsed(
         yield batch
 
 
-def _internal_error(request: verify_pb2.VerifyRequest, exc: Exception) -> verify_pb2.VerifyResponse:
-    result = verify_pb2.VerifyResponse(request_id=request.request_id)
-    error = errors.ItemError(code_pb2.INTERNAL, errors.BRIDGE_INTERNAL, f"bridge error: {exc!r}")
-    result.error.CopyFrom(error.to_status())
-    return result
+def _internal_error(exc: Exception) -> errors.ItemError:
+    return errors.ItemError(code_pb2.INTERNAL, errors.BRIDGE_INTERNAL, f"bridge error: {exc!r}")
 
 
-def _duplicate(request: verify_pb2.VerifyRequest) -> verify_pb2.VerifyResponse:
-    result = verify_pb2.VerifyResponse(request_id=request.request_id)
-    error = errors.invalid_item(
+def _duplicate(request: verify_pb2.VerifyRequest) -> errors.ItemError:
+    return errors.invalid_item(
         f"request_id {request.request_id[:100]!r} is already in flight on this stream",
         field="request_id",
     )
-    result.error.CopyFrom(error.to_status())
-    return result

@@ -1,7 +1,8 @@
-"""The map from resources server name to upstream base URL.
+"""The map from resources server name to its upstream base URLs (one or more replicas).
 
-Entries come only from configuration (`--server NAME=URL`) and from the NeMo Gym head
-server's `GET /global_config_dict_yaml`; the bridge never calls a URL taken from a request.
+Entries come only from configuration (`--server NAME=URL`, repeated with the same NAME for
+replicas) and from the NeMo Gym head server's `GET /global_config_dict_yaml` (one URL per
+instance name); the bridge never calls a URL taken from a request.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -90,11 +92,18 @@ def parse_global_config(body: bytes | str, head_url: str) -> dict[str, str]:
     return found
 
 
+def _url_list(urls: str | Sequence[str]) -> list[str]:
+    """One base URL or several, as a list without trailing slashes or repeats (order kept)."""
+    listed = [urls] if isinstance(urls, str) else list(urls)
+    return list(dict.fromkeys(url.rstrip("/") for url in listed))
+
+
 class Upstreams:
-    """Name -> upstream routing table with head-server discovery.
+    """Name -> upstream base URLs routing table with head-server discovery.
 
     Args:
-        static: {name: base URL} from `--server`; these win over discovered entries.
+        static: {name: base URL or [base URL, ...]} from `--server` (several URLs = replicas
+            of one resources server); these win over discovered entries.
         head_url: NeMo Gym head server base URL, or None for static routing only.
         session: the bridge's aiohttp session.
         discovery_timeout: seconds for one `/global_config_dict_yaml` request.
@@ -103,13 +112,13 @@ class Upstreams:
 
     def __init__(
         self,
-        static: dict[str, str],
+        static: Mapping[str, str | Sequence[str]],
         head_url: str | None,
         session: aiohttp.ClientSession,
         discovery_timeout: float = 5.0,
         min_rediscover_interval: float = 1.0,
     ) -> None:
-        self._static = {name: url.rstrip("/") for name, url in static.items()}
+        self._static = {name: _url_list(urls) for name, urls in static.items() if urls}
         self._discovered: dict[str, str] = {}
         self.head_url = head_url.rstrip("/") if head_url else None
         self._session = session
@@ -135,32 +144,36 @@ class Upstreams:
         self._discovered = parse_global_config(body, self.head_url)
         return self._discovered
 
-    def get(self, name: str) -> str | None:
-        """The base URL for `name`, or None when unknown (no discovery)."""
-        return self._static.get(name) or self._discovered.get(name)
+    def get(self, name: str) -> list[str] | None:
+        """The base URLs (replicas) for `name`, or None when unknown (no discovery)."""
+        if name in self._static:
+            return self._static[name]
+        url = self._discovered.get(name)
+        return [url] if url else None
 
-    async def resolve(self, name: str) -> str:
-        """The base URL for `name`, re-discovering once when it is unknown.
+    async def resolve(self, name: str) -> list[str]:
+        """The base URLs (one or more replicas) for `name`, re-discovering once when it is
+        unknown.
 
         Raises:
             errors.ItemError: NOT_FOUND / UNKNOWN_RESOURCES_SERVER naming the known servers.
         """
-        url = self.get(name)
-        if url:
-            return url
+        urls = self.get(name)
+        if urls:
+            return urls
         if self.head_url:
             async with self._lock:
-                url = self.get(name)
-                if url:
-                    return url
+                urls = self.get(name)
+                if urls:
+                    return urls
                 if time.monotonic() - self._last_discovery >= self._interval:
                     try:
                         await self.discover()
                     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                         log.warning("re-discovery from %s failed: %r", self.head_url, exc)
-                url = self.get(name)
-                if url:
-                    return url
+                urls = self.get(name)
+                if urls:
+                    return urls
         known = ", ".join(sorted(self.names())) or "none"
         raise errors.ItemError(
             code_pb2.NOT_FOUND,
@@ -176,6 +189,6 @@ class Upstreams:
     def entries(self) -> list[Upstream]:
         """Every routable server, sorted by name."""
         return [
-            Upstream(name, [self.get(name) or ""], STATIC if name in self._static else HEAD_SERVER)
+            Upstream(name, self.get(name) or [], STATIC if name in self._static else HEAD_SERVER)
             for name in sorted(self.names())
         ]

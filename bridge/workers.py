@@ -3,7 +3,8 @@
 The supervisor forks the workers before any gRPC object exists (gRPC supports fork only
 then), forwards SIGTERM/SIGINT to them, and exits with the worst exit status. The kernel
 spreads new connections across the workers; each connection (and so each stream) stays with
-one worker.
+one worker. Each worker keeps its own metrics: with `metrics_port` P, worker i serves them on
+port P+i (scrape every one; sum across them in PromQL).
 """
 
 from __future__ import annotations
@@ -58,8 +59,16 @@ def run_workers(config: BridgeConfig, workers: int) -> int:
             else None
         )
         ready_files.append(ready)
+        metrics_port = config.metrics_port
+        if metrics_port:  # None = no metrics, 0 = a free port for each worker
+            metrics_port += index
         child_config = dataclasses.replace(
-            config, listen=listen, reuse_port=True, ready_file=ready, exit_with_parent=True
+            config,
+            listen=listen,
+            reuse_port=True,
+            ready_file=ready,
+            exit_with_parent=True,
+            metrics_port=metrics_port,
         )
         pid = os.fork()
         if pid == 0:
