@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from pythonjsonlogger.json import JsonFormatter
 
-from nemo_gym_grpc.bridge.server import BridgeConfig, check_exposure, serve
+from nemo_gym_grpc.bridge.server import BridgeConfig, check_exposure, check_limits, serve
 from nemo_gym_grpc.bridge.verifier import RetryPolicy
 from nemo_gym_grpc.bridge.workers import run_workers
 from nemo_gym_grpc.rewards.score import add_score_command, run_score
@@ -26,6 +26,14 @@ def _server_entry(text: str) -> tuple[str, str]:
     if not sep or not name or parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"expected NAME=http://HOST:PORT, got {text!r}")
     return name, url.rstrip("/")
+
+
+def _replicas(entries: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """`--server` entries grouped by name: {name: [base URL, ...]} in the order given."""
+    grouped: dict[str, list[str]] = {}
+    for name, url in entries:
+        grouped.setdefault(name, []).append(url)
+    return grouped
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         type=_server_entry,
         metavar="NAME=URL",
-        help="a resources server base URL (repeatable); wins over discovery",
+        help="a resources server base URL (repeatable; the same NAME again adds a replica, "
+        "load goes to the least busy one); wins over discovery",
+    )
+    serve_cmd.add_argument(
+        "--session-server",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run every item of this resources server as its own NeMo Gym session: "
+        "/seed_session first, its cookies sent with the item's /verify (repeatable)",
     )
     serve_cmd.add_argument(
         "--verify-timeout",
@@ -81,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=4096,
         help="most items one VerifyStream holds at once (default %(default)s)",
+    )
+    serve_cmd.add_argument(
+        "--max-batch-items",
+        type=int,
+        default=None,
+        help="most items in one VerifyStreamRequest message, at most --max-stream-items "
+        "(default: the same as --max-stream-items)",
     )
     serve_cmd.add_argument(
         "--max-item-mb",
@@ -147,6 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="bridge processes sharing the port via SO_REUSEPORT, one per core "
         "(default %(default)s)",
     )
+    serve_cmd.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (with --workers N, worker "
+        "i uses PORT+i; 0 = a free port, logged); default: no metrics server",
+    )
+    serve_cmd.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address of the metrics server (default %(default)s)",
+    )
     serve_cmd.add_argument("--log-level", default="INFO", help="logging level")
     serve_cmd.add_argument(
         "--log-format",
@@ -189,11 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     config = BridgeConfig(
         listen=args.listen,
         head_url=args.head_url,
-        servers=dict(args.server),
+        servers=_replicas(args.server),
+        session_servers=tuple(args.session_server),
         verify_timeout=args.verify_timeout,
         max_in_flight=args.max_in_flight,
         retry=RetryPolicy(attempts=max(1, args.retry_attempts), budget=args.retry_budget),
         max_stream_items=args.max_stream_items,
+        max_batch_items=args.max_batch_items,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         max_item_bytes=int(args.max_item_mb * 1024 * 1024),
         grace=args.grace,
@@ -207,10 +245,13 @@ def main(argv: list[str] | None = None) -> int:
         ready_file=args.ready_file,
         exit_with_parent=args.exit_with_parent,
         health_interval=args.health_interval,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
     )
     try:
         if args.workers > 1:
             check_exposure(config)  # fail before forking
+            check_limits(config)
             return run_workers(config, args.workers)
         asyncio.run(serve(config))
     except (RuntimeError, ValueError, OSError) as exc:
