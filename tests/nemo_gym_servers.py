@@ -48,7 +48,14 @@ NEMO_GYM_VERSION = "0.4.0"
 VENV_PACKAGES = (f"nemo-gym=={NEMO_GYM_VERSION}", "reasoning-gym", "math-verify")
 VENV_IMPORT_CHECK = ("nemo_gym", "reasoning_gym", "math_verify")
 MARKER_NAME = ".complete"
-DEFAULT_SERVERS = ("mcqa", "equivalence_rule", "example_single_tool_call", "reasoning_gym")
+DEFAULT_SERVERS = (
+    "mcqa",
+    "equivalence_rule",
+    "example_single_tool_call",
+    "reasoning_gym",
+    "example_session_state_mgmt",
+    "example_tool_call_multireward",
+)
 NG_RUN_LOG_GRACE = 10.0  # seconds to wait for ng_run's own "servers ready" line
 SUPPORTED_MINORS = (12, 13)  # nemo-gym 0.4.0 declares Python >= 3.12; 3.12 is preferred
 

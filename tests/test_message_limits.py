@@ -1,0 +1,82 @@
+"""Messages the bridge refuses as a whole: too many items in one VerifyStreamRequest
+(`--max-batch-items`) and a unary Verify that cannot be parsed (invalid UTF-8)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import grpc
+import pytest
+from nemo_gym_servers import example_rows
+
+from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+
+
+def mcqa_item(request_id: str, completion: str | None = None) -> verify_pb2.VerifyRequest:
+    row = example_rows("mcqa")[0]
+    return verify_pb2.VerifyRequest(
+        request_id=request_id,
+        resources_server="mcqa",
+        row_json=json.dumps(row),
+        completion=completion or f"\\boxed{{{row['expected_answer']}}}",
+    )
+
+
+def test_a_message_over_max_batch_items_ends_the_stream_naming_the_flag(start_bridge, nemo_gym):
+    bridge = start_bridge("--head-url", nemo_gym.head_url, "--max-batch-items", "8")
+    answered = threading.Event()
+
+    def messages():
+        yield verify_pb2.VerifyStreamRequest(items=[mcqa_item(f"ok{i}") for i in range(8)])
+        answered.wait(30)
+        yield verify_pb2.VerifyStreamRequest(items=[mcqa_item(f"big{i}") for i in range(9)])
+        yield verify_pb2.VerifyStreamRequest(items=[mcqa_item("after")])
+
+    results = {}
+    with grpc.insecure_channel(bridge.target) as channel:
+        stub = verify_pb2_grpc.VerifyServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as ended:
+            for message in stub.VerifyStream(messages(), timeout=60):
+                results.update({r.request_id: r for r in message.results})
+                if len(results) == 8:
+                    answered.set()
+        assert stub.Verify(mcqa_item("still-serves"), timeout=30).reward == 1.0
+    assert sorted(results) == sorted(f"ok{i}" for i in range(8))
+    assert all(r.reward == 1.0 for r in results.values())
+    assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = ended.value.details()
+    assert "held 9 items" in details and "limit is 8" in details and "--max-batch-items" in details
+
+
+def test_max_batch_items_may_not_exceed_max_stream_items():
+    done = subprocess.run(
+        [sys.executable, "-m", "nemo_gym_grpc.bridge", "serve", "--max-stream-items", "16"]
+        + ["--max-batch-items", "17", "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "--max-batch-items 17 exceeds --max-stream-items 16" in done.stderr
+
+
+def test_a_unary_verify_with_invalid_utf8_is_invalid_argument(bridge_target):
+    """Proto3 strings must be valid UTF-8. gRPC's own parser would end such a call UNKNOWN
+    before any handler runs; the bridge parses Verify itself and answers INVALID_ARGUMENT."""
+    marker = "REPLACEDBYINVALIDUTF8"
+    raw = mcqa_item("broken", completion=marker).SerializeToString()
+    raw = raw.replace(marker.encode(), b"\xff\xfe" + b"x" * (len(marker) - 2))
+    with grpc.insecure_channel(bridge_target) as channel:
+        verify = channel.unary_unary(
+            "/nemo_gym_grpc.v1.VerifyService/Verify",
+            request_serializer=lambda message: message,
+            response_deserializer=verify_pb2.VerifyResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            verify(raw, timeout=30)
+        assert verify(mcqa_item("fine").SerializeToString(), timeout=30).reward == 1.0
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "could not be parsed" in refused.value.details() and "UTF-8" in refused.value.details()
