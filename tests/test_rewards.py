@@ -12,10 +12,13 @@ import asyncio
 import json
 import logging
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from aiohttp import web
@@ -634,3 +637,56 @@ def test_a_forked_child_scores_through_its_own_channel(via_target, loader_rows):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.splitlines()[-1]) == {"parent": [1.0, 0.0], "child": [1.0, 0.0]}
+
+
+_EMBEDDED_CHILD = r"""
+import json, sys, time
+from nemo_gym_grpc.rewards import embedded, reward_nemo_gym_verify
+row = json.loads(sys.argv[1])
+answer = "\\boxed{%s}" % row["expected_answer"]
+print(reward_nemo_gym_verify([answer], resources_server_ref=[{"name": "mcqa"}], verify_extra=[row]))
+(bridge,) = embedded.running_bridges().values()
+print(bridge.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _exited(pid: int) -> bool:
+    """The process is gone or a zombie (exited, not yet reaped by its new parent)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
+def test_an_embedded_bridge_exits_when_its_process_is_killed(nemo_gym, tmp_path):
+    env = {**os.environ, settings.HEAD_URL_ENV: nemo_gym.head_url}
+    env.pop(settings.TARGET_ENV, None)
+    row = example_rows("mcqa")[0]
+    child = subprocess.Popen(
+        [sys.executable, "-c", _EMBEDDED_CHILD, json.dumps(row)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    bridge_pid = None
+    try:
+        readable, _, _ = select.select([child.stdout], [], [], 120)
+        assert readable, "the child printed nothing within 120 s"
+        assert child.stdout.readline().strip() == "[1.0]"
+        bridge_pid = int(child.stdout.readline())
+        assert not _exited(bridge_pid)
+        os.kill(child.pid, signal.SIGKILL)  # no atexit handlers run in the child
+        child.wait(30)
+        for _ in range(200):  # the bridge checks its parent every second
+            if _exited(bridge_pid):
+                break
+            time.sleep(0.1)
+        assert _exited(bridge_pid), "the embedded bridge outlived the process that started it"
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+        if bridge_pid and not _exited(bridge_pid):
+            os.kill(bridge_pid, signal.SIGKILL)

@@ -1,0 +1,261 @@
+"""`nemo-gym-grpc score`: saved rollouts re-verified by the real NeMo Gym mcqa server through a
+real bridge (embedded, or a running one reached with --target), run as the installed CLI.
+
+Rows are NeMo Gym's mcqa example rows plus `response`, a real saved Responses object taken
+from NeMo Gym's own example_rollouts.jsonl (its nulls included) with the answer text set to a
+known letter, and the row's `reward` as the rollout saved it. Where a test must know which rows
+reached the server, or hold some of them, the bridge reaches mcqa through a FaultProxy.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fault_proxy import Fault, FaultProxy
+from nemo_gym_servers import example_rows, resources_server_dir
+
+from nemo_gym_grpc.bridge.cli import main
+
+HOLD = "HOLD"  # in a response id: the proxy holds that row's /verify (Fault "hang")
+SLOW = "SLOW"  # in a response id: the proxy delays that row's /verify (Fault "delay")
+
+
+def rollout_rows(
+    count: int, *, marked: range = range(0), marker: str = HOLD, ref: bool = True
+) -> list[dict]:
+    """`count` mcqa rollout rows: every third answer wrong, the rest right; `reward` as saved.
+
+    `marked`: 0-based indices of rows whose response id contains `marker`.
+    `ref=False`: no `resources_server_ref` (routed by --server).
+    """
+    rows = example_rows("mcqa")
+    path = resources_server_dir("mcqa") / "data" / "example_rollouts.jsonl"
+    saved = json.loads(path.read_text().splitlines()[0])
+    out = []
+    for i in range(count):
+        row = copy.deepcopy(rows[i % len(rows)])
+        right = i % 3 != 0
+        expected = row["expected_answer"]
+        letter = expected if right else ("A" if expected != "A" else "C")
+        response = copy.deepcopy(saved["response"])
+        response["output"][0]["content"][0]["text"] = f"Step by step... \\boxed{{{letter}}}"
+        if i in marked:
+            response["id"] = f"resp_{marker}_{i}"
+        prompt = row["responses_create_params"]["input"]
+        params = dict(saved["responses_create_params"], input=prompt)
+        row.update(responses_create_params=params, response=response, reward=float(right))
+        if ref:
+            row["resources_server_ref"] = {"name": "mcqa"}
+        out.append(row)
+    return out
+
+
+def write_rows(path: Path, rows: list, *, raw_lines: dict[int, str] | None = None) -> Path:
+    """One JSON line per row; `raw_lines` {index: text} puts text lines before row `index`."""
+    lines = []
+    for i, row in enumerate(rows):
+        if raw_lines and i in raw_lines:
+            lines.append(raw_lines[i])
+        lines.append(json.dumps(row))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def read_out(path: Path) -> list[dict]:
+    text = path.read_text()
+    assert text == "" or text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def table_row(summary: str, server: str) -> list[str]:
+    """The cells after the server name in the summary table's line for `server`."""
+    (line,) = [line for line in summary.splitlines() if line.split()[:1] == [server]]
+    return line.split()[1:]
+
+
+def score_cli(*args: str, env: dict | None = None, timeout: float = 180):
+    """Run the installed `nemo-gym-grpc score ...`; returns the CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, "-m", "nemo_gym_grpc.bridge", "score", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture
+def proxied_bridge(nemo_gym, start_bridge):
+    """(proxy, bridge): a bridge routing `mcqa` to the real mcqa server through a proxy."""
+    with FaultProxy(nemo_gym.server_urls["mcqa"]) as proxy:
+        bridge = start_bridge("--server", f"mcqa={proxy.url}", "--verify-timeout", "300")
+        yield proxy, bridge
+
+
+def test_scores_rollouts_through_an_embedded_bridge_in_input_order(nemo_gym, tmp_path):
+    rows = rollout_rows(24)
+    for row in rows[1::2]:
+        del row["resources_server_ref"]  # routed by --server
+    rows_path = write_rows(tmp_path / "rows.jsonl", rows, raw_lines={5: ""})  # a blank line
+    out = tmp_path / "out.jsonl"
+    done = score_cli(
+        str(rows_path), "-o", str(out), "--head-url", nemo_gym.head_url, "--server", "mcqa",
+        "--batch-size", "4", "--concurrency", "3",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = read_out(out)
+    assert [r["line"] for r in records] == [*range(1, 6), *range(7, 26)]  # line 6 is blank
+    assert [r["reward"] for r in records] == [r["reward"] for r in rows]  # == saved rewards
+    assert [r["previous_reward"] for r in records] == [r["reward"] for r in rows]
+    assert all(r["error"] is None and r["resources_server"] == "mcqa" for r in records)
+    assert "item/s" in done.stderr  # the progress bar
+    mean = sum(r["reward"] for r in rows) / len(rows)
+    assert table_row(done.stdout, "mcqa") == ["24", "24", f"{mean:.4f}", "0", "-"]
+    assert "24 of 24 rows in" in done.stdout
+
+
+def test_rows_that_cannot_be_scored_get_their_cause_and_the_rest_is_scored(
+    bridge_target, tmp_path, capsys
+):
+    good = rollout_rows(3)
+    unrouted = rollout_rows(1, ref=False)[0]
+    unknown = dict(good[0], resources_server_ref={"name": "no_such_server"})
+    no_response = {k: v for k, v in good[1].items() if k != "response"}
+    rows = [good[0], unrouted, unknown, no_response, ["a", "list"], good[1], good[2]]
+    rows_path = write_rows(tmp_path / "rows.jsonl", rows, raw_lines={5: "{not json"})
+    out = tmp_path / "out.jsonl"
+    status = main(["score", str(rows_path), "-o", str(out), "--target", bridge_target])
+    assert status == 0
+    records = read_out(out)
+    causes = [(r["error"] or {}).get("reason") for r in records]
+    assert causes == [
+        None,
+        "NO_RESOURCES_SERVER",
+        "UNKNOWN_RESOURCES_SERVER",
+        "INVALID_ROW",  # no response
+        "INVALID_ROW",  # a JSON list
+        "INVALID_ROW",  # not JSON
+        None,
+        None,
+    ]
+    assert [r["line"] for r in records] == list(range(1, 9))
+    assert records[2]["error"]["code"] == "NOT_FOUND"
+    assert "no_such_server" in records[2]["error"]["message"]
+    assert [records[i]["reward"] for i in (0, 6, 7)] == [good[0]["reward"], 1.0, 1.0]
+    table = capsys.readouterr().out
+    assert "INVALID_ARGUMENT (INVALID_ROW) x3" in table
+    assert "NOT_FOUND (UNKNOWN_RESOURCES_SERVER) x1" in table
+    assert "8 of 8 rows in" in table and "(5 failed)" in table
+
+
+def test_resume_after_a_partial_out_scores_only_the_rest(proxied_bridge, tmp_path):
+    proxy, bridge = proxied_bridge
+    rows = rollout_rows(20, marked=range(3), marker=SLOW)
+    rows_path = write_rows(tmp_path / "rows.jsonl", rows)
+    full = tmp_path / "full.jsonl"
+    args = ["--target", bridge.target, "--batch-size", "3", "--no-progress"]
+    # the first batch is slow: later ones finish first and wait in the reorder buffer
+    proxy.set_faults(Fault("delay", match=SLOW, seconds=1.5))
+    assert score_cli(str(rows_path), "-o", str(full), *args).returncode == 0
+    assert proxy.total == 20
+    records = read_out(full)
+    assert [r["line"] for r in records] == list(range(1, 21))
+    assert [r["reward"] for r in records] == [r["reward"] for r in rows]
+
+    lines = full.read_bytes().splitlines(keepends=True)
+    partial = tmp_path / "partial.jsonl"
+    partial.write_bytes(b"".join(lines[:7]) + lines[7][:25])  # a crash while writing line 8
+    proxy.reset_counters()
+    done = score_cli(str(rows_path), "-o", str(partial), *args)
+    assert done.returncode == 0, done.stderr
+    assert "dropped an incomplete last line (25 bytes)" in done.stderr
+    assert proxy.total == 13  # rows 8..20 only
+    assert partial.read_bytes() == full.read_bytes()  # same records, input order
+    assert "20 of 20 rows in" in done.stdout
+
+    proxy.reset_counters()
+    again = score_cli(str(rows_path), "-o", str(partial), *args)
+    assert again.returncode == 0 and proxy.total == 0  # nothing left to score
+    assert partial.read_bytes() == full.read_bytes()
+
+
+def test_an_out_file_that_is_not_from_this_input_is_refused(tmp_path):
+    rows_path = write_rows(tmp_path / "rows.jsonl", rollout_rows(4))
+    foreign = {"line": 1, "row_sha256": "0" * 16, "reward": 1.0, "error": None}
+    cases = {
+        "other input": (json.dumps(foreign) + "\n", "does not match line 1"),
+        "not a record": ("hello\n", "record 1 is not a score record"),
+    }
+    for text, message in cases.values():
+        out = tmp_path / "out.jsonl"
+        out.write_text(text)
+        done = score_cli(str(rows_path), "-o", str(out), "--target", "127.0.0.1:1")
+        assert done.returncode == 1
+        assert message in done.stderr
+        assert out.read_text() == text  # untouched
+
+
+def test_no_bridge_at_the_target_exits_1_and_writes_nothing(tmp_path):
+    rows_path = write_rows(tmp_path / "rows.jsonl", rollout_rows(2))
+    out = tmp_path / "out.jsonl"
+    done = score_cli(
+        str(rows_path), "-o", str(out), "--target", "127.0.0.1:1",
+        env={"NEMO_GYM_GRPC_CONNECT_TIMEOUT": "1"},
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "no connection to the bridge at 127.0.0.1:1 within 1 s" in done.stderr
+    assert not out.exists()
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_sigint_keeps_a_valid_prefix_and_a_rerun_completes(proxied_bridge, tmp_path):
+    proxy, bridge = proxied_bridge
+    rows = rollout_rows(24, marked=range(12, 24))  # rows 13.. are held by the proxy
+    rows_path = write_rows(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    proxy.set_faults(Fault("hang", match=HOLD))
+    args = [str(rows_path), "-o", str(out), "--target", bridge.target]
+    args += ["--batch-size", "4", "--concurrency", "2"]
+    command = [sys.executable, "-m", "nemo_gym_grpc.bridge", "score", *args]
+    with open(tmp_path / "stderr", "wb") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err)
+    try:
+        _wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") >= 12, 120, "12 rows")
+        _wait_for(lambda: proxy.in_flight >= 4, 60, "held rows in flight")
+        os.kill(proc.pid, signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130
+    records = read_out(out)
+    assert [r["line"] for r in records] == list(range(1, 13))
+    assert [r["reward"] for r in records] == [r["reward"] for r in rows[:12]]
+    assert b"12 of 24 rows in" in stdout
+    assert "SIGINT: stopping" in (tmp_path / "stderr").read_text()
+    _wait_for(lambda: proxy.in_flight == 0, 30, "the bridge to cancel the held /verify calls")
+
+    proxy.set_faults()  # nothing held any more
+    done = score_cli(*args, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert proxy.total == 12  # only the rows that were not in OUT
+    records = read_out(out)
+    assert [r["line"] for r in records] == list(range(1, 25))
+    assert [r["reward"] for r in records] == [r["reward"] for r in rows]
+    assert "24 of 24 rows in" in done.stdout
