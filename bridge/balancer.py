@@ -95,10 +95,12 @@ class Balancer:
         REFUSED_COOLDOWN, least load; equals take turns. When every replica was tried or
         refused, the least loaded of them is still returned.
         """
+        count = len(urls)
+        if count == 1:
+            return self.replica(urls[0])
         now = time.monotonic()
         skip = set(tried)
         self._turn += 1
-        count = len(urls)
 
         def rank(index: int) -> tuple[bool, bool, int, int]:
             replica = self.replica(urls[index])

@@ -18,6 +18,7 @@ serves its own metrics on port P+i (see cli.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import (
@@ -59,6 +60,8 @@ class Metrics:
             ["resources_server", "reason"],
             registry=self.registry,
         )
+        # Labelled children by label values: `labels()` validates and locks on every call.
+        self._children: dict[tuple[str, ...], Any] = {}
 
     def watch(self, balancer: Balancer, active_streams: Callable[[], int]) -> None:
         """Report the load gauges from `balancer`'s replicas and `active_streams()` at each
@@ -69,7 +72,23 @@ class Metrics:
         """Count one answered item. `code` is a gRPC code name ("OK" on success); `reason`
         the ErrorInfo reason ("" on success)."""
         outcome = "ok" if code == "OK" else "error"
-        self.items.labels(resources_server, outcome, code, reason).inc()
+        self._child(self.items, "items", resources_server, outcome, code, reason).inc()
+
+    def call(self, resources_server: str, route: str, seconds: float) -> None:
+        """Record one upstream HTTP call to `route` ("/verify", "/seed_session") that took
+        `seconds`."""
+        self._child(self.latency, "latency", resources_server, route).observe(seconds)
+
+    def retry(self, resources_server: str, reason: str) -> None:
+        """Count one attempt after an item's first; `reason` is why the previous one failed."""
+        self._child(self.retries, "retries", resources_server, reason).inc()
+
+    def _child(self, metric: Any, kind: str, *labels: str) -> Any:
+        key = (kind, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def exposition(self) -> bytes:
         """The registry in Prometheus' text format."""

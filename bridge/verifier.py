@@ -181,7 +181,7 @@ class Verifier:
             async for attempt in retrying:
                 attempt_number = attempt.retry_state.attempt_number
                 if attempt_number > 1:
-                    self.metrics.retries.labels(name, last_reason).inc()
+                    self.metrics.retry(name, last_reason)
                 with attempt:
                     replica = self.balancer.pick(urls, tried)
                     tried.append(replica.url)
@@ -339,7 +339,7 @@ class Verifier:
             ) from None
         finally:
             elapsed = time.monotonic() - started
-            self.metrics.latency.labels(call.name, url[len(replica.url) :]).observe(elapsed)
+            self.metrics.call(call.name, url[len(replica.url) :], elapsed)
             if result is not None:
                 result.latency_seconds = elapsed
 
