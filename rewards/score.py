@@ -116,7 +116,8 @@ class FileScorer:
     """One run over the pending rows: batches out, records appended to OUT in order.
 
     Args:
-        connection: the channel to the bridge (closed by `stop` and at the end of `run`).
+        connection: the channel to the bridge; `run` closes it (cancelling the calls in
+            flight) when it returns.
         security: token (and TLS files) for each call.
         batch_timeout, connect_timeout: seconds (see `client.verify_batch`).
         concurrency: calls in flight at once.
@@ -194,7 +195,8 @@ class FileScorer:
         """Score `rows`, appending records to the binary file `out` in input order.
 
         `on_write(records)` is called after each flushed write. Returns True when every row
-        was written, False when stopped early. Closes the connection before returning.
+        was written, False when stopped early. Closes the connection (cancelling what is
+        still in flight) before returning.
 
         Raises:
             CallFailed, client.ProtocolError: from a batch; OUT keeps the prefix before it.
