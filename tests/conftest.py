@@ -41,8 +41,8 @@ def nemo_gym_venv() -> Path:
 
 @pytest.fixture(scope="session")
 def nemo_gym(nemo_gym_venv):
-    """ng_run with the head server and DEFAULT_SERVERS (mcqa, equivalence_rule,
-    example_single_tool_call, reasoning_gym), started once per test session."""
+    """ng_run with the head server and every server in DEFAULT_SERVERS, started once per
+    test session."""
     servers = NemoGymServers(DEFAULT_SERVERS, venv=nemo_gym_venv)
     servers.start()
     try:

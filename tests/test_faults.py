@@ -561,7 +561,7 @@ def test_lone_surrogate_escapes_fail_their_item_and_the_rest_is_scored(stub, pro
 def test_invalid_utf8_on_the_wire_ends_the_stream_with_invalid_argument(bridge, stub, row):
     """Proto3 strings must be valid UTF-8; a message that is not cannot be parsed, so its
     items have no request_id to answer. The stream answers what it read before, then ends
-    INVALID_ARGUMENT. (A unary Verify with such bytes fails in gRPC's own parsing.)"""
+    INVALID_ARGUMENT. (A unary Verify with such bytes: see test_message_limits.py.)"""
     good = verify_pb2.VerifyStreamRequest(items=[item("before", row)]).SerializeToString()
     marker = "REPLACEDBYINVALIDUTF8"
     broken = verify_pb2.VerifyStreamRequest(items=[item("broken", row, completion=marker)])
