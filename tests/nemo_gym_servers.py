@@ -359,6 +359,14 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+def closed_port() -> int:
+    """A loopback TCP port nothing listens on (bound once, then released): connecting to it
+    is refused, like an upstream that is down."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def free_ports(count: int) -> list[int]:
     """`count` distinct free loopback TCP ports.
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import grpc
 import pytest
 from google.rpc import code_pb2, error_details_pb2
-from nemo_gym_servers import example_rows
+from nemo_gym_servers import closed_port, example_rows
 
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
@@ -82,14 +81,8 @@ def test_unknown_resources_server_is_a_not_found_item_error_naming_known_servers
     assert result.reward == 0.0 and not result.reward_components
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_upstream_that_is_down_gives_unavailable_not_a_reward(start_bridge):
-    bridge = start_bridge("--server", f"down=http://127.0.0.1:{_closed_port()}")
+    bridge = start_bridge("--server", f"down=http://127.0.0.1:{closed_port()}")
     with grpc.insecure_channel(bridge.target) as channel:
         stub = verify_pb2_grpc.VerifyServiceStub(channel)
         items = [

@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import pytest
 import requests
 from fault_proxy import Fault, FaultProxy
 from google.rpc import code_pb2, error_details_pb2
-from nemo_gym_servers import example_rows, start_bridge
+from nemo_gym_servers import closed_port, example_rows, start_bridge
 
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import completion_response
@@ -38,12 +37,6 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * MiB),
     ("grpc.max_receive_message_length", 64 * MiB),
 ]
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

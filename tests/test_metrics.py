@@ -11,7 +11,7 @@ import threading
 
 import grpc
 from google.rpc import code_pb2
-from nemo_gym_servers import example_rows
+from nemo_gym_servers import closed_port, example_rows
 from prometheus_scrape import metrics_url, scrape, value, wait_for
 
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
@@ -19,12 +19,6 @@ from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 ITEMS = "nemo_gym_grpc_items_total"
 LATENCY_COUNT = "nemo_gym_grpc_upstream_latency_seconds_count"
 RETRIES = "nemo_gym_grpc_upstream_retries_total"
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def mcqa_item(request_id: str, right: bool = True, **fields) -> verify_pb2.VerifyRequest:
@@ -38,7 +32,7 @@ def mcqa_item(request_id: str, right: bool = True, **fields) -> verify_pb2.Verif
 
 
 def test_metrics_count_every_outcome_and_the_stream_log_has_fields(start_bridge, nemo_gym):
-    down = f"http://127.0.0.1:{_closed_port()}"
+    down = f"http://127.0.0.1:{closed_port()}"
     bridge = start_bridge(
         "--head-url",
         nemo_gym.head_url,
@@ -154,7 +148,7 @@ def test_each_worker_serves_its_own_metrics_on_the_next_port(start_bridge):
     port = _two_free_ports()
     bridge = start_bridge(
         "--server",
-        f"down=http://127.0.0.1:{_closed_port()}",
+        f"down=http://127.0.0.1:{closed_port()}",
         "--workers",
         "2",
         "--metrics-port",

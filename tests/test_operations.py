@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from nemo_gym_servers import example_rows
+from nemo_gym_servers import closed_port, example_rows
 
 from nemo_gym_grpc.bridge.server import BridgeConfig, check_exposure
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
@@ -48,12 +47,6 @@ def mcqa_request(request_id: str = "1") -> verify_pb2.VerifyRequest:
     )
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # --- health and reflection -------------------------------------------------------------
 
 
@@ -62,7 +55,7 @@ def test_health_is_serving_with_a_per_upstream_readiness_view(start_bridge, nemo
         "--head-url",
         nemo_gym.head_url,
         "--server",
-        f"down=http://127.0.0.1:{_closed_port()}",
+        f"down=http://127.0.0.1:{closed_port()}",
     )
     with grpc.insecure_channel(bridge.target) as channel:
         assert health_status(channel, "") == SERVING
@@ -72,7 +65,7 @@ def test_health_is_serving_with_a_per_upstream_readiness_view(start_bridge, nemo
 
 
 def test_health_is_not_serving_until_the_routing_table_is_known(start_bridge):
-    bridge = start_bridge("--head-url", f"http://127.0.0.1:{_closed_port()}")
+    bridge = start_bridge("--head-url", f"http://127.0.0.1:{closed_port()}")
     with grpc.insecure_channel(bridge.target) as channel:
         assert health_status(channel, "") == NOT_SERVING
         assert health_status(channel, SERVICE) == NOT_SERVING

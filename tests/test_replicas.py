@@ -10,7 +10,6 @@ Prometheus metrics over real HTTP for its counters.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
@@ -18,19 +17,13 @@ import grpc
 import pytest
 from fault_proxy import Fault, FaultProxy
 from google.rpc import code_pb2
-from nemo_gym_servers import example_rows
+from nemo_gym_servers import closed_port, example_rows
 from prometheus_scrape import metrics_url, scrape, value, wait_for
 
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 IN_FLIGHT = "nemo_gym_grpc_upstream_in_flight"
 WAITING = "nemo_gym_grpc_upstream_waiting"
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +102,7 @@ def test_a_replica_that_refuses_connections_is_skipped_and_its_items_retried_els
     start_bridge, replicas
 ):
     a, b = replicas
-    down = f"http://127.0.0.1:{_closed_port()}"
+    down = f"http://127.0.0.1:{closed_port()}"
     bridge = start_bridge(
         *("--server", f"mcqa={a.url}", "--server", f"mcqa={down}", "--server", f"mcqa={b.url}"),
         *("--metrics-port", "0", "--health-interval", "600"),

@@ -14,7 +14,6 @@ import logging
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ import time
 
 import pytest
 from aiohttp import web
-from nemo_gym_servers import example_rows
+from nemo_gym_servers import closed_port, example_rows
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
@@ -115,12 +114,6 @@ def zero_config(monkeypatch, nemo_gym):
     monkeypatch.setenv(settings.HEAD_URL_ENV, nemo_gym.head_url)
     yield
     embedded.stop_all()
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,7 +223,7 @@ def test_an_upstream_that_is_down_gives_none_and_the_guard_raises_when_most_fail
 ):
     bridge = start_bridge(
         "--server",
-        f"down=http://127.0.0.1:{_closed_port()}",
+        f"down=http://127.0.0.1:{closed_port()}",
         "--server",
         f"mcqa={nemo_gym.server_urls['mcqa']}",
     )
@@ -581,7 +574,7 @@ def test_factory_routes_to_its_verify_endpoints(zero_config, nemo_gym, loader_ro
 def test_factory_with_a_down_endpoint_gives_none(zero_config, loader_rows, caplog):
     reward_fn = create_nemo_gym_reward_fn(
         {},
-        {"mcqa": f"http://127.0.0.1:{_closed_port()}/verify"},
+        {"mcqa": f"http://127.0.0.1:{closed_port()}/verify"},
         verify_timeout=2,
         max_failure_fraction=1.0,  # a batch of one that fails: not an error with the guard off
     )

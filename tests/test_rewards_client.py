@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import threading
 from concurrent import futures
 
@@ -22,6 +21,7 @@ import pytest
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
+from nemo_gym_servers import closed_port
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
@@ -179,16 +179,10 @@ def test_an_item_over_the_message_limit_fails_alone(scripted, caplog, asynchrono
     assert "INVALID_ARGUMENT (ITEM_TOO_LARGE) x1" in caplog.text
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_no_bridge_at_the_target_fails_every_item_and_the_guard_raises(
     monkeypatch, caplog, asynchronous
 ):
-    monkeypatch.setenv(settings.TARGET_ENV, f"127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv(settings.TARGET_ENV, f"127.0.0.1:{closed_port()}")
     monkeypatch.setenv(settings.CONNECT_TIMEOUT_ENV, "0.5")
     reward_fn = reward_nemo_gym_verify_async if asynchronous else reward_nemo_gym_verify
     args = {

@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import socket
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from nemo_gym_servers import closed_port
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
@@ -271,14 +271,8 @@ def test_big_items_close_a_message_early_and_a_huge_one_travels_alone():
 # argument errors surface before any I/O
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_argument_errors_raise_before_contacting_a_bridge(monkeypatch):
-    monkeypatch.setenv(settings.TARGET_ENV, f"127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv(settings.TARGET_ENV, f"127.0.0.1:{closed_port()}")
     with pytest.raises(ValueError, match="verify_extra has 1 entries for 2 completions"):
         reward_nemo_gym_verify(
             ["a", "b"], resources_server_ref=[{"name": "x"}] * 2, verify_extra=[{}]
@@ -396,7 +390,7 @@ def test_failed_items_log_one_warning_by_cause(caplog):
 
 
 def test_all_items_rejected_locally_raise_without_contacting_a_bridge(monkeypatch):
-    monkeypatch.setenv(settings.TARGET_ENV, f"127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv(settings.TARGET_ENV, f"127.0.0.1:{closed_port()}")
     monkeypatch.setenv(settings.CONNECT_TIMEOUT_ENV, "0.1")
     args = {"completions": ["\ud800", "\udfff"], "resources_server_ref": [{"name": "x"}] * 2}
     with pytest.raises(ScoringError, match=r"INVALID_ARGUMENT \(INVALID_ITEM\) x2"):

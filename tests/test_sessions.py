@@ -8,22 +8,15 @@ cookie names (a request without the cookie gets a new, empty session: 0.0).
 from __future__ import annotations
 
 import json
-import socket
 
 import grpc
 import pytest
 from google.rpc import code_pb2, error_details_pb2
-from nemo_gym_servers import example_rows, start_bridge
+from nemo_gym_servers import closed_port, example_rows, start_bridge
 
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 SERVER = "example_session_state_mgmt"
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +36,7 @@ def bridge(nemo_gym):
         "--session-server",
         "counter_always",
         "--server",
-        f"down=http://127.0.0.1:{_closed_port()}",
+        f"down=http://127.0.0.1:{closed_port()}",
         "--session-server",
         "down",
         "--health-interval",
