@@ -155,19 +155,44 @@ class Verifier:
         bound = time.monotonic() + policy.budget
         if deadline is not None:
             bound = min(bound, deadline)
+        tried: list[str] = []
+        attempt_number = 1
+        try:
+            try:  # the first attempt runs without the retry machinery (the common case)
+                replica = self.balancer.pick(urls, tried)
+                tried.append(replica.url)
+                raw = await self._attempt(replica, call, deadline, result)
+            except errors.ItemError as first:
+                if first.code not in RETRYABLE_CODES or policy.attempts < 2:
+                    raise
+                retrying = self._retrying(urls, tried, bound)
+                replica, raw, attempt_number = await self._retry_after(
+                    first, retrying, urls, tried, call, deadline, result
+                )
+            # Bad replies and reported failures are not retried: a retry would repeat
+            # the same scoring (and, for judge failures, its judge calls).
+            url = f"{replica.url}/verify"
+            nemo_gym.read_verify_reply(raw, url, result, request.include_reply)
+        except errors.ItemError as exc:
+            exc.metadata.setdefault("attempts", str(attempt_number))
+            raise
+
+    def _retrying(self, urls: list[str], tried: list[str], bound: float) -> tenacity.AsyncRetrying:
+        """The retry loop of one item: at most `policy.attempts` attempts, none starting after
+        `bound` (monotonic seconds); no wait before a replica the item has not tried yet,
+        else exponential backoff with full jitter; only RETRYABLE_CODES are retried."""
+        policy = self._retry
         backoff = tenacity.wait_random_exponential(
             multiplier=policy.initial_backoff, max=policy.max_backoff
         )
-        tried: list[str] = []
 
         def wait(state: tenacity.RetryCallState) -> float:
-            # A replica this item has not tried yet: go there at once.
             return 0.0 if len(set(tried)) < len(urls) else backoff(state)
 
         def out_of_time(state: tenacity.RetryCallState) -> bool:
             return time.monotonic() + state.upcoming_sleep >= bound
 
-        retrying = tenacity.AsyncRetrying(
+        return tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(policy.attempts) | out_of_time,
             wait=wait,
             retry=tenacity.retry_if_exception(
@@ -175,14 +200,34 @@ class Verifier:
             ),
             reraise=True,
         )
-        attempt_number = 0
-        last_reason = ""
+
+    async def _retry_after(
+        self,
+        first: errors.ItemError,
+        retrying: tenacity.AsyncRetrying,
+        urls: list[str],
+        tried: list[str],
+        call: _Call,
+        deadline: float | None,
+        result: verify_pb2.VerifyResponse,
+    ) -> tuple[Replica, bytes, int]:
+        """Attempts 2.. after a retryable first failure: (replica, 200 body, attempts made).
+
+        `retrying` sees the first failure as its own attempt 1 (replayed, not re-sent), so its
+        stop and backoff rules count every attempt. Raises the last ItemError, with its
+        attempt count in `metadata["attempts"]`.
+        """
+        pending: errors.ItemError | None = first
+        last_reason = first.reason
+        number = 1
         try:
             async for attempt in retrying:
-                attempt_number = attempt.retry_state.attempt_number
-                if attempt_number > 1:
-                    self.metrics.retry(name, last_reason)
+                number = attempt.retry_state.attempt_number
                 with attempt:
+                    if pending is not None:
+                        replay, pending = pending, None
+                        raise replay
+                    self.metrics.retry(call.name, last_reason)
                     replica = self.balancer.pick(urls, tried)
                     tried.append(replica.url)
                     try:
@@ -190,13 +235,10 @@ class Verifier:
                     except errors.ItemError as exc:
                         last_reason = exc.reason
                         raise
-            # Bad replies and reported failures are not retried: a retry would repeat
-            # the same scoring (and, for judge failures, its judge calls).
-            url = f"{replica.url}/verify"
-            nemo_gym.read_verify_reply(raw, url, result, request.include_reply)
         except errors.ItemError as exc:
-            exc.metadata["attempts"] = str(attempt_number)
+            exc.metadata["attempts"] = str(number)
             raise
+        return replica, raw, number
 
     def _payloads(self, request: verify_pb2.VerifyRequest) -> tuple[bytes, bytes | None]:
         """The item checked and turned into the UTF-8 `/verify` body and, when the item runs
