@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -12,7 +11,7 @@ from urllib.parse import urlsplit
 
 from pythonjsonlogger.json import JsonFormatter
 
-from nemo_gym_grpc.bridge.server import BridgeConfig, check_exposure, check_limits, serve
+from nemo_gym_grpc.bridge.server import BridgeConfig, check_exposure, check_limits, run
 from nemo_gym_grpc.bridge.verifier import RetryPolicy
 from nemo_gym_grpc.bridge.workers import run_workers
 from nemo_gym_grpc.rewards.score import add_score_command, run_score
@@ -253,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             check_exposure(config)  # fail before forking
             check_limits(config)
             return run_workers(config, args.workers)
-        asyncio.run(serve(config))
+        run(config)
     except (RuntimeError, ValueError, OSError) as exc:
         print(f"nemo-gym-grpc: {exc}", file=sys.stderr)
         return 1

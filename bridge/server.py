@@ -312,6 +312,18 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
             log.info("stopped")
 
 
+def run(config: BridgeConfig) -> None:
+    """Run `serve(config)` to completion on a new event loop: uvloop's where it is installed
+    (measured here: fewer CPU microseconds per item than asyncio's default loop), else
+    asyncio's. Raises what `serve` raises."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(config))
+    else:
+        uvloop.run(serve(config))
+
+
 def write_ready_file(path: Path, address: str) -> None:
     """Atomically write "host:port\\n" to `path` (readers never see a partial file)."""
     tmp = path.with_name(path.name + ".tmp")

@@ -9,7 +9,6 @@ port P+i (scrape every one; sum across them in PromQL).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -17,7 +16,7 @@ import signal
 import socket
 import time
 
-from nemo_gym_grpc.bridge.server import BridgeConfig, serve, write_ready_file
+from nemo_gym_grpc.bridge.server import BridgeConfig, run, write_ready_file
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +36,7 @@ def _worker(config: BridgeConfig) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
-        asyncio.run(serve(config))
+        run(config)
     except Exception:
         log.exception("worker %d failed", os.getpid())
         return 1
