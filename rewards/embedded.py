@@ -89,8 +89,13 @@ class BridgeSpec:
 
 def _child_env() -> dict[str, str]:
     """The caller's environment, with relative PYTHONPATH entries made absolute (the bridge
-    runs in another working directory)."""
+    runs in another working directory) and without the gRPC fork support that this package
+    turned on for the trainer process (see `nemo_gym_grpc.rewards`)."""
+    from nemo_gym_grpc import rewards
+
     env = dict(os.environ)
+    if rewards.FORK_SUPPORT_DEFAULTED:
+        env.pop("GRPC_ENABLE_FORK_SUPPORT", None)  # set by this package for the trainer only
     if env.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.pathsep.join(
             os.path.abspath(p) if p else os.getcwd() for p in env["PYTHONPATH"].split(os.pathsep)
