@@ -143,7 +143,12 @@ def summarize_profile(collapsed: str, top: int = 30) -> str:
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")[1:]]  # [0]: process
+        # [0]: the profiled process; a worker's own process frame keeps only its pid (its
+        # command line holds temp paths that differ on every run).
+        frames = [
+            re.sub(r"^(process \d+):.*", r"\1", re.sub(r":\d+\)$", ")", f))
+            for f in stack.split(";")[1:]
+        ]
         total += int(count)
         if frames:
             own[frames[-1]] += int(count)

@@ -6,7 +6,7 @@ so it costs a few tens of microseconds of CPU per request: on a 2-core machine t
 must not take the cores the bridge is being measured on. Thousands of concurrent connections
 are fine (listen backlog up to `net.core.somaxconn`, the fd limit raised to its hard limit).
 
-    python benchmarks/upstream.py --latency 0.02 --ready-file /tmp/up.ready
+    python benchmarks/upstream.py --latency 0.02 --ready-file "$(mktemp -u)"
 """
 
 from __future__ import annotations
