@@ -2,7 +2,8 @@
 
 Clients send gRPC metadata `authorization: Bearer <token>`. The comparison is constant-time
 (`hmac.compare_digest`). A missing or wrong token gets UNAUTHENTICATED with a fixed message
-that says nothing about the expected token. Health checks stay open so that Kubernetes'
+that says nothing about the expected token; a streaming call is refused only after its messages
+are read and dropped (`refusal.refuse_stream`). Health checks stay open so that Kubernetes'
 gRPC probes and grpc-health-probe work without a token.
 """
 
@@ -10,15 +11,20 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
+
+from nemo_gym_grpc.bridge.refusal import refuse_stream
 
 DENIED = "missing or invalid bearer token"
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 
 
 def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    async def abort(request: object, context: grpc.aio.ServicerContext) -> None:
+    async def abort(request: Any, context: grpc.aio.ServicerContext) -> None:
+        if handler.request_streaming:  # an iterator of unparsed bytes (no deserializer below)
+            await refuse_stream(request, context, grpc.StatusCode.UNAUTHENTICATED, DENIED)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, DENIED)
 
     kinds = {
@@ -30,7 +36,7 @@ def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     make = kinds[(handler.request_streaming, handler.response_streaming)]
     return make(
         abort,
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=None if handler.request_streaming else handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
 

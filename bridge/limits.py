@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from nemo_gym_grpc.bridge.refusal import refuse_stream
+
 STREAM_METHOD = "/nemo_gym_grpc.v1.VerifyService/VerifyStream"
 
 
@@ -38,7 +40,9 @@ class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
             request_iterator: AsyncIterator[object], context: grpc.aio.ServicerContext
         ) -> AsyncIterator[object]:
             if self.active >= self.max_streams:
-                await context.abort(
+                await refuse_stream(
+                    request_iterator,
+                    context,
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"too many concurrent VerifyStream calls: the limit is {self.max_streams} "
                     "(raise it with --max-streams)",

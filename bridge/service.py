@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.refusal import refuse_stream
 from nemo_gym_grpc.bridge.verifier import Verifier
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
@@ -152,21 +153,25 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
                     yield verify_pb2.VerifyStreamResponse(results=results)
             await reader  # re-raises an error from reading the requests
             if oversized:
-                await context.abort(
+                await refuse_stream(
+                    request_iterator,
+                    context,
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"a VerifyStreamRequest held {oversized} items; the limit is "
                     f"{self._max_batch_items} items per message (raise it with "
                     f"--max-batch-items, or send smaller messages); the {sent} items read "
-                    "before it were answered, it and the rest of the stream were not read",
+                    "before it were answered, it and the rest of the stream were not scored",
                 )
             if unreadable is not None:
                 # Proto3 strings must be valid UTF-8; a message that breaks that (or is
                 # otherwise malformed) has items whose request_ids cannot be known.
-                await context.abort(
+                await refuse_stream(
+                    request_iterator,
+                    context,
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"a VerifyStreamRequest could not be parsed ({unreadable}); the {sent} "
                     "items read before it were answered, it and the rest of the stream "
-                    "were not read",
+                    "were not scored",
                 )
         finally:
             reader.cancel()
