@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--retry-attempts",
         type=int,
         default=3,
-        help="most attempts per item for UNAVAILABLE/RESOURCE_EXHAUSTED causes, the first "
-        "included (default %(default)s; 1 = no retries)",
+        help="most attempts per item for transient causes (connection errors, HTTP "
+        "500/502/503/504/429), the first included (default %(default)s; 1 = no retries)",
     )
     serve_cmd.add_argument(
         "--retry-budget",

@@ -28,6 +28,9 @@ UPSTREAM_REPORTED_FAILURE = "UPSTREAM_REPORTED_FAILURE"
 UPSTREAM_SESSION_FAILED = "UPSTREAM_SESSION_FAILED"
 BRIDGE_INTERNAL = "BRIDGE_INTERNAL"
 
+# Codes whose cause is usually gone a moment later (gRPC's status-code guide).
+RETRYABLE_CODES = frozenset({code_pb2.UNAVAILABLE, code_pb2.RESOURCE_EXHAUSTED})
+
 
 def utf8_text(text: str) -> str:
     """`text` with lone surrogates (what UTF-8 cannot encode, e.g. from a `"\\ud800"` JSON
@@ -44,14 +47,25 @@ class ItemError(Exception):
         reason: UPPER_SNAKE reason, one of the constants in this module.
         message: human-readable text; dynamic values also go into `metadata`.
         metadata: lowerCamel keys to string values (e.g. `httpStatus="503"`).
+        retryable: whether another attempt may succeed; default: `code` is one of
+            RETRYABLE_CODES.
 
     Text that UTF-8 cannot encode is replaced (see `utf8_text`), so `to_status` never fails.
     """
 
-    def __init__(self, code: int, reason: str, message: str, **metadata: object) -> None:
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        *,
+        retryable: bool | None = None,
+        **metadata: object,
+    ) -> None:
         message = utf8_text(message)
         super().__init__(message)
         self.code = code
+        self.retryable = code in RETRYABLE_CODES if retryable is None else retryable
         self.reason = reason
         self.message = message
         self.metadata = {k: utf8_text(str(v)) for k, v in metadata.items() if v is not None}
@@ -80,7 +94,9 @@ def http_status_error(
     502/503/504 -> UNAVAILABLE, 429 -> RESOURCE_EXHAUSTED, 400/422 -> INVALID_ARGUMENT,
     401 -> UNAUTHENTICATED, 403 -> PERMISSION_DENIED, 404/405 -> UNIMPLEMENTED (no `/verify`
     there), other 4xx -> INVALID_ARGUMENT, other 5xx and anything else -> INTERNAL.
-    The message holds the first 200 bytes of the upstream body.
+    The message holds the first 200 bytes of the upstream body. Retryable: the UNAVAILABLE
+    and RESOURCE_EXHAUSTED ones, and 500 (NeMo Gym's answer when its verify code raises,
+    e.g. because a judge model it calls failed for a moment); other 5xx are not.
     """
     if status in (502, 503, 504):
         code = code_pb2.UNAVAILABLE
@@ -101,6 +117,7 @@ def http_status_error(
         code,
         reason,
         f"{url} answered HTTP {status}: {snippet}",
+        retryable=code in RETRYABLE_CODES or status == 500,
         httpStatus=status,
         upstreamUrl=url,
     )

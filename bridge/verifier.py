@@ -32,9 +32,6 @@ log = logging.getLogger(__name__)
 
 # Seconds kept back from the gRPC deadline so the answer still reaches the client in time.
 DEADLINE_MARGIN = 0.05
-# Causes worth another attempt (gRPC's retry guidance): the upstream was unreachable, dropped
-# the connection, answered 502/503/504, or 429. Never 4xx, timeouts or bad replies.
-RETRYABLE_CODES = frozenset({code_pb2.UNAVAILABLE, code_pb2.RESOURCE_EXHAUSTED})
 # Default cap on one item's serialized size (`VerifyRequest.ByteSize()`), bytes.
 MAX_ITEM_BYTES = 16 * 1024 * 1024
 # The VerifyRequest fields that carry JSON text.
@@ -163,7 +160,7 @@ class Verifier:
                 tried.append(replica.url)
                 raw = await self._attempt(replica, call, deadline, result)
             except errors.ItemError as first:
-                if first.code not in RETRYABLE_CODES or policy.attempts < 2:
+                if not first.retryable or policy.attempts < 2:
                     raise
                 retrying = self._retrying(urls, tried, bound)
                 replica, raw, attempt_number = await self._retry_after(
@@ -180,7 +177,7 @@ class Verifier:
     def _retrying(self, urls: list[str], tried: list[str], bound: float) -> tenacity.AsyncRetrying:
         """The retry loop of one item: at most `policy.attempts` attempts, none starting after
         `bound` (monotonic seconds); no wait before a replica the item has not tried yet,
-        else exponential backoff with full jitter; only RETRYABLE_CODES are retried."""
+        else exponential backoff with full jitter; only `ItemError.retryable` causes are retried."""
         policy = self._retry
         backoff = tenacity.wait_random_exponential(
             multiplier=policy.initial_backoff, max=policy.max_backoff
@@ -196,7 +193,7 @@ class Verifier:
             stop=tenacity.stop_after_attempt(policy.attempts) | out_of_time,
             wait=wait,
             retry=tenacity.retry_if_exception(
-                lambda exc: isinstance(exc, errors.ItemError) and exc.code in RETRYABLE_CODES
+                lambda exc: isinstance(exc, errors.ItemError) and exc.retryable
             ),
             reraise=True,
         )

@@ -217,7 +217,7 @@ def test_an_upstream_that_never_finishes_answering_times_out_each_item_once(
 # --- HTTP status codes ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status", [502, 503, 504, 429])
+@pytest.mark.parametrize("status", [500, 502, 503, 504, 429])
 def test_a_transient_status_is_retried_and_the_item_scored(stub, proxy, row, status):
     items = [item(f"s{status}-{i}", row, right=i % 2 == 0) for i in range(6)]
     proxy.set_faults(
@@ -236,7 +236,8 @@ def test_a_transient_status_is_retried_and_the_item_scored(stub, proxy, row, sta
         (503, code_pb2.UNAVAILABLE, 3),
         (504, code_pb2.UNAVAILABLE, 3),
         (429, code_pb2.RESOURCE_EXHAUSTED, 3),
-        (500, code_pb2.INTERNAL, 1),
+        (500, code_pb2.INTERNAL, 3),
+        (501, code_pb2.INTERNAL, 1),
         (422, code_pb2.INVALID_ARGUMENT, 1),
         (400, code_pb2.INVALID_ARGUMENT, 1),
         (401, code_pb2.UNAUTHENTICATED, 1),
