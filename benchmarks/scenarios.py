@@ -27,7 +27,7 @@ class Settings:
     """Sizes and repeats (the defaults are issue 4's; `--quick` shrinks them)."""
 
     rounds: int = 3
-    concurrency: int = 64  # (b)'s C and the bridge's --max-in-flight (its default)
+    concurrency: int = 256  # (b)'s C and the bridge's --max-in-flight (its default)
     mcqa_items: int = 1000
     latency_items: int = 1024
     latencies: tuple[float, ...] = (0.02, 0.5)

@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument(
         "--max-in-flight",
         type=int,
-        default=64,
+        default=256,
         help="most concurrent /verify calls per upstream (default %(default)s)",
     )
     serve_cmd.add_argument(

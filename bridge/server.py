@@ -72,7 +72,7 @@ class BridgeConfig:
     servers: dict[str, str | list[str]] = field(default_factory=dict)
     session_servers: tuple[str, ...] = ()
     verify_timeout: float = 30.0
-    max_in_flight: int = 64
+    max_in_flight: int = 256
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_stream_items: int = 4096
     max_batch_items: int | None = None

@@ -83,7 +83,7 @@ class Verifier:
         upstreams: Upstreams,
         session: aiohttp.ClientSession,
         default_timeout: float = 30.0,
-        max_in_flight: int = 64,
+        max_in_flight: int = 256,
         retry: RetryPolicy | None = None,
         max_item_bytes: int = MAX_ITEM_BYTES,
         session_servers: Iterable[str] = (),
