@@ -67,7 +67,11 @@ def completion_response(text: str, model: str, response_id: str = "resp") -> dic
 def build_verify_body(request: verify_pb2.VerifyRequest) -> dict[str, Any]:
     """The JSON body of NeMo Gym's `POST /verify` for one item.
 
-    Order of precedence is documented on `VerifyRequest` in verify.proto.
+    Order of precedence is documented on `VerifyRequest` in verify.proto. Keys whose value is
+    null are dropped from the row and from `responses_create_params`: a row from an Arrow
+    table (axolotl's loader, `datasets`) or a saved rollout has null for every parameter that
+    another row sets or the rollout left unset, and NeMo Gym's request models reject some of
+    them (HTTP 422 for `"parallel_tool_calls": null`) where the absent key gets the default.
 
     Raises:
         errors.ItemError: INVALID_ARGUMENT when a JSON field is not a JSON object.
@@ -84,6 +88,9 @@ def build_verify_body(request: verify_pb2.VerifyRequest) -> dict[str, Any]:
         body["responses_create_params"] = {
             "input": [{"role": m.role or "user", "content": m.content} for m in request.prompt]
         }
+    params = body["responses_create_params"]
+    if isinstance(params, dict):
+        body["responses_create_params"] = {k: v for k, v in params.items() if v is not None}
     if request.response_json:
         body["response"] = _json_object(request.response_json, "response_json")
     else:

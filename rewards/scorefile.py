@@ -5,9 +5,9 @@ OpenAI Responses object a rollout saved (NeMo Gym's rollout files have exactly t
 the row, `response`, and the old `reward` and reply fields). Blank lines are skipped. Each row
 goes to `/verify` as is: its fields (None dropped) as the body, its `response` as the
 response; routed by its `resources_server_ref.name` when it has one, else by `--server`.
-Rollouts save every unset OpenAI parameter of `responses_create_params` as null, which NeMo
-Gym's request models reject (HTTP 422 for `"parallel_tool_calls": null`); those nulls are
-dropped, so the server applies the defaults the rollout was made with.
+Rollouts save every unset OpenAI parameter of `responses_create_params` as null; the bridge
+drops those nulls (see `bridge.nemo_gym.build_verify_body`), so the server applies the
+defaults the rollout was made with.
 
 Output (OUT.jsonl): one record per non-blank input line, in input order:
 
@@ -138,9 +138,6 @@ def parse_row(raw: bytes, line: int, default_server: str | None, timeout_seconds
             row.failure = Failure("INVALID_ARGUMENT", INVALID_ITEM, str(exc))
             return row
         body = {key: value for key, value in data.items() if key != "response"}
-        params = body.get("responses_create_params")
-        if isinstance(params, dict):  # unset parameters, as rollouts save them: defaults
-            body["responses_create_params"] = {k: v for k, v in params.items() if v is not None}
         row.request = verify_pb2.VerifyRequest(
             request_id=str(line),
             resources_server=server,

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -57,12 +58,13 @@ json.dump([dict(row) for row in datasets.Dataset.from_list(rows)], sys.stdout)
 
 
 @pytest.fixture(scope="module")
-def loader_rows(nemo_gym_venv):
-    """server -> its example rows as axolotl's loader (through Arrow) yields them."""
+def loader_rows(nemo_gym_venv, tmp_path_factory):
+    """server -> its example rows as axolotl's loader (through Arrow) yields them; and
+    "mcqa_mixed": mcqa's, where only the first row sets two more OpenAI parameters (Arrow
+    gives the other rows null for them)."""
     from nemo_gym_servers import resources_server_dir
 
-    def load(server: str) -> list[dict]:
-        path = resources_server_dir(server, nemo_gym_venv) / "data" / "example.jsonl"
+    def load(path: Path, server: str) -> list[dict]:
         out = subprocess.run(
             [str(nemo_gym_venv / "bin" / "python"), "-c", _AXOLOTL_LOADER, str(path), server],
             capture_output=True,
@@ -71,7 +73,18 @@ def loader_rows(nemo_gym_venv):
         )
         return json.loads(out.stdout)
 
-    return {s: load(s) for s in ("mcqa", "equivalence_rule", "example_single_tool_call")}
+    def examples(server: str) -> Path:
+        return resources_server_dir(server, nemo_gym_venv) / "data" / "example.jsonl"
+
+    loaded = {
+        s: load(examples(s), s) for s in ("mcqa", "equivalence_rule", "example_single_tool_call")
+    }
+    mixed = [json.loads(line) for line in examples("mcqa").read_text().splitlines() if line]
+    mixed[0]["responses_create_params"].update(temperature=0.5, parallel_tool_calls=True)
+    mixed_path = tmp_path_factory.mktemp("rows") / "mcqa_mixed.jsonl"
+    mixed_path.write_text("".join(json.dumps(row) + "\n" for row in mixed))
+    loaded["mcqa_mixed"] = load(mixed_path, "mcqa")
+    return loaded
 
 
 def _letter_other_than(letter: str) -> str:
@@ -128,6 +141,14 @@ def test_mcqa_right_answers_score_1_and_wrong_answers_0(via_target, loader_rows,
     rewards = reward_nemo_gym_verify(**_columns(doubled, answers, conversational))
     assert type(rewards) is list
     assert rewards == [1.0, 0.0] * len(rows)
+
+
+def test_nulls_arrow_puts_in_responses_create_params_are_not_sent(via_target, loader_rows):
+    rows = loader_rows["mcqa_mixed"]
+    params = rows[1]["verify_extra"]["responses_create_params"]
+    assert params["parallel_tool_calls"] is None  # as Arrow fills it; mcqa answers it with 422
+    answers = [_mcqa_answer(row, right=True) for row in rows]
+    assert reward_nemo_gym_verify(**_columns(rows, answers)) == [1.0] * len(rows)
 
 
 def test_every_example_server_scores_its_rows(via_target, loader_rows):

@@ -44,7 +44,8 @@ class VerifyRequest(_message.Message):
       1. the JSON object in `row_json` (keys whose value is null are dropped);
       2. `responses_create_params`: `responses_create_params_json` if set, else
          the row's own `responses_create_params`, else built from `prompt`
-         (`{"input": [{"role": ..., "content": ...}, ...]}`);
+         (`{"input": [{"role": ..., "content": ...}, ...]}`); keys whose value is
+         null are dropped (unset, so NeMo Gym applies its defaults);
       3. `response`: `response_json` if set, else built from `completion` as a
          completed Responses object with one assistant `message` holding one
          `output_text` whose text is `completion`, and `model` = `model`.
