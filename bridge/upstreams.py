@@ -126,22 +126,29 @@ class Upstreams:
         self._interval = min_rediscover_interval
         self._last_discovery = -float("inf")
         self._lock = asyncio.Lock()
+        # Why the last discovery failed (repr of the exception), None after a success.
+        self.discovery_error: str | None = None
 
     async def discover(self) -> dict[str, str]:
         """Fetch the head server's config and replace the discovered entries.
 
         Returns the discovered {name: base URL}. Raises aiohttp.ClientError, TimeoutError or
-        ValueError when the head server cannot be read.
+        ValueError when the head server cannot be read (kept in `discovery_error`).
         """
         if not self.head_url:
             return {}
         self._last_discovery = time.monotonic()
         url = f"{self.head_url}/global_config_dict_yaml"
         timeout = aiohttp.ClientTimeout(total=self._timeout)
-        async with self._session.get(url, timeout=timeout) as reply:
-            reply.raise_for_status()
-            body = await reply.read()
-        self._discovered = parse_global_config(body, self.head_url)
+        try:
+            async with self._session.get(url, timeout=timeout) as reply:
+                reply.raise_for_status()
+                body = await reply.read()
+            self._discovered = parse_global_config(body, self.head_url)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            self.discovery_error = repr(exc)
+            raise
+        self.discovery_error = None
         return self._discovered
 
     def get(self, name: str) -> list[str] | None:
@@ -156,7 +163,8 @@ class Upstreams:
         unknown.
 
         Raises:
-            errors.ItemError: NOT_FOUND / UNKNOWN_RESOURCES_SERVER naming the known servers.
+            errors.ItemError: NOT_FOUND / UNKNOWN_RESOURCES_SERVER naming the known servers
+                and, when the head server could not be read, why (`discoveryError`).
         """
         urls = self.get(name)
         if urls:
@@ -175,11 +183,18 @@ class Upstreams:
                 if urls:
                     return urls
         known = ", ".join(sorted(self.names())) or "none"
+        failed = self.discovery_error
         raise errors.ItemError(
             code_pb2.NOT_FOUND,
             errors.UNKNOWN_RESOURCES_SERVER,
-            f"unknown resources server {name[:100]!r}; known: {known}",
+            f"unknown resources server {name[:100]!r}; known: {known}"
+            + (
+                f"; discovery from the head server {self.head_url} failed: {failed}"
+                if failed
+                else ""
+            ),
             resourcesServer=name[:100],
+            discoveryError=failed,
         )
 
     def names(self) -> set[str]:

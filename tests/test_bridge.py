@@ -81,6 +81,19 @@ def test_unknown_resources_server_is_a_not_found_item_error_naming_known_servers
     assert result.reward == 0.0 and not result.reward_components
 
 
+def test_an_unreadable_head_server_is_named_in_the_not_found_error(start_bridge):
+    head_url = f"http://127.0.0.1:{closed_port()}"
+    bridge = start_bridge("--head-url", head_url)
+    with grpc.insecure_channel(bridge.target) as channel:
+        stub = verify_pb2_grpc.VerifyServiceStub(channel)
+        result = stub.Verify(
+            verify_pb2.VerifyRequest(request_id="h", resources_server="mcqa"), timeout=30
+        )
+    assert result.error.code == code_pb2.NOT_FOUND
+    assert f"discovery from the head server {head_url} failed: " in result.error.message
+    assert "Connect" in error_info(result).metadata["discoveryError"]
+
+
 def test_upstream_that_is_down_gives_unavailable_not_a_reward(start_bridge):
     bridge = start_bridge("--server", f"down=http://127.0.0.1:{closed_port()}")
     with grpc.insecure_channel(bridge.target) as channel:
