@@ -249,8 +249,12 @@ def build_batch(
     Raises:
         ValueError: `resources_server_ref` is missing, or a column's length differs from the
             number of completions (never zipped, truncated or broadcast).
-        TypeError: a completion, prompt or row has a shape no request can be built from.
+        TypeError: `completions` or `prompts` is a string, not a list; or a completion,
+            prompt or row has a shape no request can be built from.
     """
+    for name, column in (("completions", completions), ("prompts", prompts)):
+        if isinstance(column, (str, bytes)):
+            raise TypeError(f"{name} must be a list (one per item), got a {type(column).__name__}")
     count = len(completions)
     if resources_server_refs is None:
         raise ValueError(

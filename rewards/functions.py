@@ -31,16 +31,24 @@ def reward_env(completions, prompts=None, **kwargs):
 
     Reads the `env_reward` keyword argument (injected per sample by axolotl's NeMo Gym data
     producer): a list or tuple gives `[float(r) for r in env_reward]`; a scalar is repeated
-    once per completion; missing (or None) gives 0.0 per completion. Identical to axolotl's
-    `reward_env`; no I/O.
+    once per completion; missing (or None) gives 0.0 per completion. As axolotl's
+    `reward_env`, except that a list entry of None (a rollout without a reward) stays None
+    (TRL reads it as NaN) and a list of another length than `completions` is an error; no I/O.
 
     Returns:
-        list[float].
+        list[float | None], one per completion.
+
+    Raises:
+        ValueError: `env_reward` is a list or tuple whose length differs from `completions`'.
     """
     env_rewards = kwargs.get("env_reward")
     if env_rewards is not None:
         if isinstance(env_rewards, (list, tuple)):
-            return [float(r) for r in env_rewards]
+            if len(env_rewards) != len(completions):
+                raise ValueError(
+                    f"env_reward has {len(env_rewards)} entries for {len(completions)} completions"
+                )
+            return [None if r is None else float(r) for r in env_rewards]
         return [float(env_rewards) for _ in completions]
     return [0.0 for _ in completions]
 
@@ -164,17 +172,21 @@ def create_nemo_gym_reward_fn(
         `reward_nemo_gym_verify`, with the same errors.
 
     Raises:
-        ValueError: `on_error` or `max_failure_fraction` is out of range.
+        ValueError: `on_error` or `max_failure_fraction` is out of range, or
+            `verify_timeout` / `batch_timeout` is not a positive finite number of seconds.
     """
+    verify_timeout = settings.check_seconds(verify_timeout, "verify_timeout")
+    if batch_timeout is not None:
+        batch_timeout = settings.check_seconds(batch_timeout, "batch_timeout")
     spec = embedded.BridgeSpec(
         head_url=None,
         servers=tuple(sorted((name, _base_url(url)) for name, url in verify_endpoints.items())),
-        verify_timeout=float(verify_timeout),
+        verify_timeout=verify_timeout,
     )
     scorer = _Scorer(
         name="nemo_gym",
         model=model_name,
-        timeout_seconds=float(verify_timeout),
+        timeout_seconds=verify_timeout,
         spec=lambda: spec,
         target=target,
         batch_timeout=batch_timeout,

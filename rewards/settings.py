@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
+from urllib.parse import urlsplit
 
 TARGET_ENV = "NEMO_GYM_GRPC_TARGET"
 HEAD_URL_ENV = "NEMO_GYM_HEAD_URL"
@@ -60,25 +62,53 @@ def env_seconds(name: str, default: float) -> float:
         ValueError: the value is not a positive finite number (the message names the variable).
     """
     text = env_text(name)
-    if text is None:
-        return default
+    return default if text is None else check_seconds(text, name)
+
+
+def check_seconds(value: Any, source: str) -> float:
+    """`value` as a float if it is a positive, finite number of seconds.
+
+    Raises:
+        ValueError: anything else (the message names `source`, e.g. the keyword or env var).
+    """
     try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={text!r} must be a positive number of seconds")
-    return value
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source}={value!r} is not a number of seconds") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{source}={value!r} must be a positive number of seconds")
+    return number
 
 
 def target() -> str | None:
-    """`NEMO_GYM_GRPC_TARGET` (gRPC target of running bridges), or None when unset."""
-    return env_text(TARGET_ENV)
+    """`NEMO_GYM_GRPC_TARGET` (gRPC target of running bridges), or None when unset.
+
+    Raises:
+        ValueError: the value is a URL ("http://..."), not a gRPC target.
+    """
+    text = env_text(TARGET_ENV)
+    if text is not None and urlsplit(text).scheme in ("http", "https", "grpc", "grpcs"):
+        raise ValueError(
+            f"{TARGET_ENV}={text!r} is a URL; a gRPC target is host:port (e.g. "
+            "127.0.0.1:50051), ipv4:A:P,B:P or dns:///name:port"
+        )
+    return text
 
 
 def head_url() -> str:
-    """`NEMO_GYM_HEAD_URL`, default "http://127.0.0.1:11000", without a trailing slash."""
-    return (env_text(HEAD_URL_ENV) or DEFAULT_HEAD_URL).rstrip("/")
+    """`NEMO_GYM_HEAD_URL`, default "http://127.0.0.1:11000", without a trailing slash.
+
+    Raises:
+        ValueError: the value is not an http(s) URL with a host.
+    """
+    text = env_text(HEAD_URL_ENV) or DEFAULT_HEAD_URL
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"{HEAD_URL_ENV}={text!r} must be the NeMo Gym head server's http(s) URL, "
+            "e.g. http://127.0.0.1:11000"
+        )
+    return text.rstrip("/")
 
 
 def batch_timeout() -> float:

@@ -25,14 +25,19 @@ from nemo_gym_grpc.rewards import (
 from nemo_gym_grpc.v1 import verify_pb2
 
 # --------------------------------------------------------------------------------------------
-# reward_env: exactly axolotl's behaviour
+# reward_env: axolotl's behaviour, except for missing rewards and length mismatches
 
 
 def test_reward_env_passes_a_list_or_tuple_through_as_floats():
     assert reward_env(["a", "b"], env_reward=[1, 0.5]) == [1.0, 0.5]
     assert reward_env(["a", "b"], env_reward=(True, "2")) == [1.0, 2.0]
-    # the seed does not compare lengths: the env_reward list is returned as given
-    assert reward_env(["a"], env_reward=[1, 2, 3]) == [1.0, 2.0, 3.0]
+    assert reward_env(["a", "b"], env_reward=[1, None]) == [1.0, None]  # not 0.0, not a crash
+
+
+def test_reward_env_refuses_a_list_of_another_length():
+    # axolotl's returns the list as given; TRL would then fail far from the cause
+    with pytest.raises(ValueError, match="env_reward has 3 entries for 1 completions"):
+        reward_env(["a"], env_reward=[1, 2, 3])
 
 
 def test_reward_env_repeats_a_scalar_and_gives_zeros_when_missing():
@@ -278,6 +283,10 @@ def test_argument_errors_raise_before_contacting_a_bridge(monkeypatch):
             ["a", "b"], resources_server_ref=[{"name": "x"}] * 2, verify_extra=[{}]
         )
     assert reward_nemo_gym_verify([], prompts=[], resources_server_ref=[], verify_extra=[]) == []
+    for column in ("completions", "prompts"):  # a string would be scored letter by letter
+        args = {"completions": ["a", "b"], "prompts": None, column: "ab"}
+        with pytest.raises(TypeError, match=f"{column} must be a list"):
+            reward_nemo_gym_verify(**args, resources_server_ref=[{"name": "x"}] * 2)
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf"])
@@ -308,6 +317,20 @@ def test_env_defaults(monkeypatch):
     assert settings.head_url() == "http://h:1" and settings.target() is None
 
 
+@pytest.mark.parametrize("value", ["notaurl", "127.0.0.1:11000", "ftp://h:1", "http://"])
+def test_a_head_url_that_is_not_an_http_url_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv(settings.HEAD_URL_ENV, value)
+    with pytest.raises(ValueError, match=f"{settings.HEAD_URL_ENV}=.* must be the NeMo Gym"):
+        settings.head_url()
+
+
+@pytest.mark.parametrize("value", ["http://127.0.0.1:50051", "https://bridge:443"])
+def test_a_url_as_the_grpc_target_is_refused_at_once(monkeypatch, value):
+    monkeypatch.setenv(settings.TARGET_ENV, value)
+    with pytest.raises(ValueError, match="is a URL; a gRPC target is host:port"):
+        settings.target()
+
+
 def test_policy_env_values_are_read_and_checked(monkeypatch):
     monkeypatch.setenv(settings.ON_ERROR_ENV, " Zero ")
     monkeypatch.setenv(settings.MAX_FAILURE_FRACTION_ENV, "1")
@@ -326,6 +349,10 @@ def test_factory_policy_keywords_are_checked_when_the_function_is_made():
         create_nemo_gym_reward_fn({}, {}, on_error="ignore")
     with pytest.raises(ValueError, match="max_failure_fraction=2 must be a fraction"):
         create_nemo_gym_reward_fn({}, {}, max_failure_fraction=2)
+    for keyword in ("verify_timeout", "batch_timeout"):
+        for bad in (0, -1, float("nan"), "soon"):
+            with pytest.raises(ValueError, match=f"{keyword}=.* number of seconds"):
+                create_nemo_gym_reward_fn({}, {}, **{keyword: bad})
 
 
 # --------------------------------------------------------------------------------------------
