@@ -800,7 +800,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("ensure-venv", help="build (or find) the cached NeMo Gym venv")
     commands.add_parser("find-python", help="print the Python >= 3.12 used to build the venv")
-    run = commands.add_parser("run", help="start servers, print their URLs, Ctrl-C stops")
+    run = commands.add_parser(
+        "run", help="start servers, print their URLs; Ctrl-C or SIGTERM stops them"
+    )
     run.add_argument("servers", nargs="*", default=list(DEFAULT_SERVERS))
     args = parser.parse_args(argv)
     try:
@@ -811,6 +813,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             venv = ensure_venv()
             print(f"{venv} ready ({time.monotonic() - started:.1f} s)")
         else:
+            # Also when started in the background (`&` leaves SIGINT ignored) or by `kill`.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
             with NemoGymServers(args.servers) as gym:
                 print(f"head {gym.head_url} (ng_run pid {gym.pid}, up in {gym.startup_seconds} s)")
                 for name, url in gym.server_urls.items():
