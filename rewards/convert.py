@@ -7,15 +7,15 @@ one user message), `resources_server_ref` (`{"name": <resources server>}`) and `
 (the whole NeMo Gym dataset row, including its own `responses_create_params`; Arrow fills keys
 that other rows have and this one lacks with None).
 
-Rules that belong to the bridge are left to it: an empty `resources_server` comes back as
-INVALID_ARGUMENT, a row that is not a JSON object or holds NaN or a lone surrogate escape as
-INVALID_ARGUMENT, an unknown name as NOT_FOUND. This module decides one per-item rule itself,
-because such an item cannot even be put in a message: text that is not valid Unicode (a lone
-surrogate such as "\\ud800" in the completion, a prompt message or the server name; proto3
-`string` fields must be UTF-8). That item gets a local INVALID_ARGUMENT failure
-(`Batch.rejected`, reason INVALID_ITEM, like the bridge's own invalid items), is not sent, and
-the rest of the batch is scored. Otherwise only argument shapes no item could be built from
-are rejected, by raising.
+Rules that belong to the bridge are left to it: a row that is not a JSON object or holds NaN
+or a lone surrogate escape comes back as INVALID_ARGUMENT, an unknown name as NOT_FOUND. This
+module decides two per-item rules itself: an item without a `resources_server_ref` name
+(missing, None from Arrow, or not `{"name": ...}`: the message names the expected shape), and
+text that is not valid Unicode (a lone surrogate such as "\\ud800" in the completion, a prompt
+message or the server name; proto3 `string` fields must be UTF-8), which cannot even be put in
+a message. Such an item gets a local INVALID_ARGUMENT failure (`Batch.rejected`, reason
+INVALID_ITEM, like the bridge's own invalid items), is not sent, and the rest of the batch is
+scored. Otherwise only argument shapes no item could be built from are rejected, by raising.
 """
 
 from __future__ import annotations
@@ -149,9 +149,8 @@ def prompt_messages(prompt: Any) -> list[tuple[str, str]]:
 def resources_server_name(ref: Any) -> str:
     """The routing key from one `resources_server_ref` value (`{"name": "mcqa"}` -> "mcqa").
 
-    A missing, empty or malformed ref (not a dict, no string `name`) gives "": the item is
-    still sent and the bridge answers it with INVALID_ARGUMENT, so the failure is counted
-    like any other instead of being decided here.
+    A missing, empty or malformed ref (not a dict, no string `name`) gives "" (`build_batch`
+    fails that item with INVALID_ARGUMENT naming the expected shape).
     """
     if isinstance(ref, Mapping) and isinstance(ref.get("name"), str):
         return ref["name"]
@@ -271,9 +270,18 @@ def build_batch(
     for index, completion in enumerate(completions):
         text = completion_text(completion)
         prompt = prompt_messages(prompts[index] if prompts is not None else None)
-        server = resources_server_name(resources_server_refs[index])
+        ref = resources_server_refs[index]
+        server = resources_server_name(ref)
         extra = verify_extras[index] if verify_extras is not None else None
         row = row_json(extra, index)
+        if not server:
+            batch.rejected[index] = Failure(
+                "INVALID_ARGUMENT",
+                INVALID_ITEM,
+                f"resources_server_ref[{index}] is {ref!r:.100}; each item needs "
+                "{'name': <resources server>}",
+            )
+            continue
         try:
             text = proto_text(text, "completion")
             messages = [

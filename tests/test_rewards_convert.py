@@ -163,9 +163,17 @@ def test_one_request_per_completion_with_every_field_set():
     assert batch.positions == [0, 1, 2] and not batch.rejected
 
 
-def test_missing_ref_still_makes_an_item_with_an_empty_name():
-    batch = _batch(2, resources_server_refs=[None, {"name": "mcqa"}])
-    assert [r.resources_server for r in batch.requests] == ["", "mcqa"]
+def test_a_missing_or_malformed_ref_fails_its_item_naming_the_shape():
+    batch = _batch(3, resources_server_refs=[None, {"name": "mcqa"}, "mcqa"])
+    assert [r.resources_server for r in batch.requests] == ["mcqa"]
+    assert batch.positions == [1]
+    assert {i: (f.code, f.reason) for i, f in batch.rejected.items()} == {
+        0: ("INVALID_ARGUMENT", "INVALID_ITEM"),
+        2: ("INVALID_ARGUMENT", "INVALID_ITEM"),
+    }
+    assert batch.rejected[2].message == (
+        "resources_server_ref[2] is 'mcqa'; each item needs {'name': <resources server>}"
+    )
 
 
 def test_without_verify_extra_or_prompts_items_have_no_row_and_no_prompt():
