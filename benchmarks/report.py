@@ -93,7 +93,8 @@ def markdown(results: dict) -> str:
         "",
         f"{results['finished_at']}; {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB; "
         f"load average {results['load']['before'][0]} before, {results['load']['after'][0]} "
-        f"after; medians of {results['settings']['rounds']} rounds.",
+        f"after; medians of {results['settings']['rounds']} rounds "
+        f"({results['settings']['mcqa_rounds']} for scenario 1).",
         "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".",
         "",
         "| target | wanted | measured | met |",
