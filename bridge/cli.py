@@ -14,7 +14,13 @@ from pythonjsonlogger.json import JsonFormatter
 from nemo_gym_grpc.bridge.server import BridgeConfig, check_exposure, check_limits, run
 from nemo_gym_grpc.bridge.verifier import RetryPolicy
 from nemo_gym_grpc.bridge.workers import run_workers
-from nemo_gym_grpc.rewards.score import add_score_command, run_score
+from nemo_gym_grpc.rewards.score import (
+    add_score_command,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    run_score,
+)
 
 TOKEN_ENV = "NEMO_GYM_GRPC_TOKEN"
 
@@ -25,6 +31,43 @@ def _server_entry(text: str) -> tuple[str, str]:
     if not sep or not name or parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"expected NAME=http://HOST:PORT, got {text!r}")
     return name, url.rstrip("/")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
+    return port
+
+
+def _listen(text: str) -> str:
+    """HOST:PORT with a port 0-65535 ([IPv6]:PORT), or unix:PATH, as gRPC binds it."""
+    if text.startswith("unix:"):
+        return text
+    host, _, port = text.rpartition(":")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        host = ""  # an IPv6 address needs brackets
+    if host in ("", "[]") or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(
+            f"expected HOST:PORT with a port 0-65535 (IPv6 as [::1]:PORT), got {text!r}"
+        )
+    return text
+
+
+def _token_file(text: str) -> str:
+    """The token held in file `text`, stripped."""
+    try:
+        token = Path(text).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"cannot read {text}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
+    if not token:
+        raise argparse.ArgumentTypeError(f"{text} is empty")
+    return token
 
 
 def _replicas(entries: list[tuple[str, str]]) -> dict[str, list[str]]:
@@ -43,7 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="run the gRPC bridge in front of NeMo Gym resources servers"
     )
     serve_cmd.add_argument(
-        "--listen", default="127.0.0.1:50051", help="gRPC host:port (default %(default)s)"
+        "--listen",
+        type=_listen,
+        default="127.0.0.1:50051",
+        help="gRPC host:port (default %(default)s)",
     )
     serve_cmd.add_argument(
         "--head-url",
@@ -68,68 +114,71 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve_cmd.add_argument(
         "--verify-timeout",
-        type=float,
+        type=positive_float,
         default=30.0,
         help="default seconds per upstream /verify call (default %(default)s)",
     )
     serve_cmd.add_argument(
         "--max-in-flight",
-        type=int,
+        type=positive_int,
         default=256,
         help="most concurrent /verify calls per upstream (default %(default)s)",
     )
     serve_cmd.add_argument(
         "--retry-attempts",
-        type=int,
+        type=positive_int,
         default=3,
         help="most attempts per item for transient causes (connection errors, HTTP "
         "500/502/503/504/429), the first included (default %(default)s; 1 = no retries)",
     )
     serve_cmd.add_argument(
         "--retry-budget",
-        type=float,
+        type=non_negative_float,
         default=60.0,
         help="most seconds from an item's first attempt to the start of its last "
         "(default %(default)s)",
     )
     serve_cmd.add_argument(
         "--max-stream-items",
-        type=int,
+        type=positive_int,
         default=4096,
         help="most items one VerifyStream holds at once (default %(default)s)",
     )
     serve_cmd.add_argument(
         "--max-batch-items",
-        type=int,
+        type=positive_int,
         default=None,
         help="most items in one VerifyStreamRequest message, at most --max-stream-items "
         "(default: the same as --max-stream-items)",
     )
     serve_cmd.add_argument(
         "--max-item-mb",
-        type=float,
+        type=positive_float,
         default=16.0,
         help="largest item in MiB; a larger one fails alone with INVALID_ARGUMENT "
         "(default %(default)s)",
     )
     serve_cmd.add_argument(
         "--max-streams",
-        type=int,
+        type=positive_int,
         default=256,
         help="most concurrent VerifyStream calls (default %(default)s)",
     )
     serve_cmd.add_argument(
         "--max-message-mb",
-        type=int,
+        type=positive_int,
         default=64,
         help="gRPC message size limit in MiB, both directions (default %(default)s)",
     )
     serve_cmd.add_argument(
-        "--grace", type=float, default=10.0, help="shutdown grace seconds (default %(default)s)"
+        "--grace",
+        type=non_negative_float,
+        default=10.0,
+        help="shutdown grace seconds (default %(default)s)",
     )
     serve_cmd.add_argument(
         "--max-connection-age",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="seconds before a client connection is asked to reconnect, so long-lived "
         "clients rebalance across replicas (default 0 = never)",
@@ -141,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve_cmd.add_argument(
         "--token-file",
-        type=Path,
+        type=_token_file,
         help=f"file holding the bearer token clients must send (else env {TOKEN_ENV})",
     )
     serve_cmd.add_argument(
@@ -159,20 +208,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve_cmd.add_argument(
         "--health-interval",
-        type=float,
+        type=positive_float,
         default=5.0,
         help="seconds between readiness probes of the upstreams (default %(default)s)",
     )
     serve_cmd.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=1,
         help="bridge processes sharing the port via SO_REUSEPORT, one per core "
         "(default %(default)s)",
     )
     serve_cmd.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         default=None,
         help="serve Prometheus metrics at http://HOST:PORT/metrics (with --workers N, worker "
         "i uses PORT+i; 0 = a free port, logged); default: no metrics server",
@@ -193,9 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _token(path: Path | None) -> str | None:
-    text = path.read_text() if path else os.environ.get(TOKEN_ENV, "")
-    return text.strip() or None
+def _token(from_file: str | None) -> str | None:
+    return from_file or os.environ.get(TOKEN_ENV, "").strip() or None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         session_servers=tuple(args.session_server),
         verify_timeout=args.verify_timeout,
         max_in_flight=args.max_in_flight,
-        retry=RetryPolicy(attempts=max(1, args.retry_attempts), budget=args.retry_budget),
+        retry=RetryPolicy(attempts=args.retry_attempts, budget=args.retry_budget),
         max_stream_items=args.max_stream_items,
         max_batch_items=args.max_batch_items,
         max_message_bytes=args.max_message_mb * 1024 * 1024,

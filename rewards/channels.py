@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,7 @@ from nemo_gym_grpc.v1 import verify_pb2_grpc
 MiB = 1024 * 1024
 MAX_MESSAGE_BYTES = 64 * MiB
 ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+POLL_SETTLE_SECONDS = 0.25  # a little over grpc's connectivity polling interval (0.2 s)
 
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -129,9 +131,9 @@ class Connection:
 
     `close()` cancels every call started with `stream()` and every `wait_ready` in progress
     (a plain `grpc.channel_ready_future` would keep waiting), and refuses new ones. The grpc
-    channel itself is released with this object: `grpc.Channel.close()` soon after a
-    readiness wait races with grpc's connectivity-polling thread, which then raises
-    "Channel closed!" in that thread.
+    channel itself is released with this object, or by `release()` in a process about to
+    exit: `grpc.Channel.close()` soon after a readiness wait races with grpc's
+    connectivity-polling thread, which then raises "Channel closed!" in that thread.
 
     Attributes:
         target: gRPC target, e.g. "127.0.0.1:50051", "ipv4:10.0.0.1:50051,10.0.0.2:50051",
@@ -154,22 +156,10 @@ class Connection:
         self._waits: set[grpc.Future] = set()
         self._calls: set[grpc.Call] = set()
         self._lock = threading.Lock()
-        # Set while the channel is READY, kept current by grpc's connectivity polling: a
-        # ready channel skips the readiness wait (1.3-1.9 ms per call, measured).
-        self._ready = threading.Event()
-        self.channel.subscribe(self._on_connectivity)
-
-    def _on_connectivity(self, state: grpc.ChannelConnectivity) -> None:
-        if state is grpc.ChannelConnectivity.READY:
-            self._ready.set()
-        else:
-            self._ready.clear()
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait up to `timeout` s until the channel can carry calls (some address answered
         the handshake). True when ready; False on timeout or when closed meanwhile."""
-        if self._ready.is_set() and not self.closed:
-            return True
         future = grpc.channel_ready_future(self.channel)
         with self._lock:
             if self.closed:
@@ -211,6 +201,16 @@ class Connection:
             future.cancel()
         for call in calls:
             call.cancel()
+
+    def release(self) -> None:
+        """`close()`, then close the grpc channel once grpc's connectivity polling (every
+        0.2 s) has settled: takes POLL_SETTLE_SECONDS. For a process about to exit: a channel
+        left to the garbage collector at interpreter exit can wait forever on that polling
+        thread, a daemon thread already stopped (seen with `score` exiting right after a
+        failed readiness wait)."""
+        self.close()
+        time.sleep(POLL_SETTLE_SECONDS)
+        self.channel.close()
 
 
 def aio_channel(target: str, security: Security = PLAINTEXT) -> grpc.aio.Channel:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import os
 import signal
 import sys
 import threading
@@ -52,6 +54,37 @@ class CallFailed(RuntimeError):
 
 class _Stopped(Exception):
     """The run was asked to stop while this batch was being scored."""
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (bad values exit 2 with a message naming the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _finite(text: str, at_least: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or (value == 0 and at_least == "> 0"):
+        raise argparse.ArgumentTypeError(f"expected a finite number {at_least}, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (e.g. seconds where 0 makes no sense)."""
+    return _finite(text, "> 0")
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (for options where 0 has a meaning of its own)."""
+    return _finite(text, ">= 0")
 
 
 def add_score_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -81,19 +114,21 @@ def add_score_command(commands: argparse._SubParsersAction) -> argparse.Argument
         help="NeMo Gym head server for an embedded bridge "
         f"(default: env {settings.HEAD_URL_ENV}, else {settings.DEFAULT_HEAD_URL})",
     )
-    cmd.add_argument("--batch-size", type=int, default=64, help="rows per call (default 64)")
     cmd.add_argument(
-        "--concurrency", type=int, default=4, help="calls in flight at once (default 4)"
+        "--batch-size", type=positive_int, default=64, help="rows per call (default 64)"
+    )
+    cmd.add_argument(
+        "--concurrency", type=positive_int, default=4, help="calls in flight at once (default 4)"
     )
     cmd.add_argument(
         "--timeout",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="seconds per /verify (default 0 = the bridge's --verify-timeout)",
     )
     cmd.add_argument(
         "--batch-timeout",
-        type=float,
+        type=positive_float,
         help=f"gRPC deadline of one call in seconds (default: env {settings.BATCH_TIMEOUT_ENV}, "
         "else 600)",
     )
@@ -263,13 +298,29 @@ def _install_stop_handlers(stop: threading.Event) -> dict[int, Any]:
     return previous
 
 
+def _output_problem(path: Path) -> str | None:
+    """Why OUT cannot be appended to, or None; checked before anything is scored."""
+    if path.is_dir():
+        return f"{path} is a directory"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else f"{path} is not writable"
+    folder = path.parent
+    if not folder.is_dir():
+        return f"cannot create {path}: folder {folder} does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot create {path}: folder {folder} is not writable"
+    return None
+
+
 def run_score(args: argparse.Namespace) -> int:
     """Run `score` with parsed `args` (see `add_score_command`). Returns the exit status:
     0 done (per-row failures included), 1 an error (bad input/OUT, no bridge, a call that
-    kept failing), 130 stopped by SIGINT/SIGTERM (rerun the same command to resume)."""
+    kept failing), 2 an OUT that cannot be written, 130 stopped by SIGINT/SIGTERM (rerun
+    the same command to resume)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.batch_size < 1 or args.concurrency < 1:
-        print("nemo-gym-grpc score: --batch-size and --concurrency must be >= 1", file=sys.stderr)
+    problem = _output_problem(args.output)
+    if problem:
+        print(f"nemo-gym-grpc score: error: -o/--output: {problem}", file=sys.stderr)
         return 2
     try:
         start = scorefile.plan(args.rows, args.output)
@@ -295,15 +346,15 @@ def run_score(args: argparse.Namespace) -> int:
 
 
 def _score_rest(args: argparse.Namespace, start: scorefile.Plan) -> int:
-    from tqdm import tqdm  # only the score command needs it
-
     stop = threading.Event()
     previous = _install_stop_handlers(stop)
     try:
         target = None if args.head_url else (args.target or settings.target())
         try:
             security = channels.Security.from_env(tls=target is not None)
-            batch_timeout = args.batch_timeout or settings.batch_timeout()
+            batch_timeout = settings.batch_timeout()
+            if args.batch_timeout is not None:
+                batch_timeout = args.batch_timeout
             connect_timeout = settings.connect_timeout()
             if target is None:
                 head_url = (args.head_url or settings.head_url()).rstrip("/")
@@ -312,66 +363,81 @@ def _score_rest(args: argparse.Namespace, start: scorefile.Plan) -> int:
             print(f"nemo-gym-grpc score: {exc}", file=sys.stderr)
             return 1
         connection = channels.Connection(target, security)
-        if not connection.wait_ready(connect_timeout):
-            connection.close()
-            if stop.is_set():
-                return EXIT_INTERRUPTED
-            print(
-                f"nemo-gym-grpc score: no connection to the bridge at {target} within "
-                f"{connect_timeout:g} s ({settings.CONNECT_TIMEOUT_ENV})",
-                file=sys.stderr,
-            )
-            return 1
-        print(
-            f"scoring {start.total - start.done} rows of {args.rows} through the bridge at "
-            f"{target} ({start.done} already in {args.output})",
-            file=sys.stderr,
-        )
-        scorer = FileScorer(
-            connection,
-            security,
-            batch_timeout=batch_timeout,
-            connect_timeout=connect_timeout,
-            concurrency=args.concurrency,
-            stop=stop,
-        )
-        rows = scorefile.pending_rows(args.rows, start.resume_after, args.server, args.timeout)
-        bar = tqdm(
-            total=start.total,
-            initial=start.done,
-            unit="item",
-            desc="scoring",
-            file=sys.stderr,
-            disable=args.no_progress,
-            dynamic_ncols=True,
-        )
-
-        def on_write(records: list[dict[str, Any]]) -> None:
-            for rec in records:
-                start.summary.add(rec)
-            bar.update(len(records))
-            bar.set_postfix(failed=start.summary.failed, refresh=False)
-
         try:
-            with open(args.output, "ab") as out:
-                complete = scorer.run(rows, args.batch_size, out, on_write)
-        except (CallFailed, client.ProtocolError, OSError) as exc:
-            bar.close()
-            print(
-                f"nemo-gym-grpc score: stopped: {exc}\n{start.summary.rows} rows are in "
-                f"{args.output}; rerun the same command to continue",
-                file=sys.stderr,
-            )
-            return 1
-        bar.close()
-        if not complete:
-            print(
-                f"interrupted: {scorer.written} rows scored in this run are kept in "
-                f"{args.output}; rerun the same command to score the rest",
-                file=sys.stderr,
-            )
-            return EXIT_INTERRUPTED
-        return 0
+            return _score_through(connection, args, start, stop, batch_timeout, connect_timeout)
+        finally:
+            connection.release()  # this process exits soon: see Connection.release
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _score_through(
+    connection: channels.Connection,
+    args: argparse.Namespace,
+    start: scorefile.Plan,
+    stop: threading.Event,
+    batch_timeout: float,
+    connect_timeout: float,
+) -> int:
+    from tqdm import tqdm  # only the score command needs it
+
+    if not connection.wait_ready(connect_timeout):
+        if stop.is_set():
+            return EXIT_INTERRUPTED
+        print(
+            f"nemo-gym-grpc score: no connection to the bridge at {connection.target} within "
+            f"{connect_timeout:g} s ({settings.CONNECT_TIMEOUT_ENV})",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"scoring {start.total - start.done} rows of {args.rows} through the bridge at "
+        f"{connection.target} ({start.done} already in {args.output})",
+        file=sys.stderr,
+    )
+    scorer = FileScorer(
+        connection,
+        connection.security,
+        batch_timeout=batch_timeout,
+        connect_timeout=connect_timeout,
+        concurrency=args.concurrency,
+        stop=stop,
+    )
+    rows = scorefile.pending_rows(args.rows, start.resume_after, args.server, args.timeout)
+    bar = tqdm(
+        total=start.total,
+        initial=start.done,
+        unit="item",
+        desc="scoring",
+        file=sys.stderr,
+        disable=args.no_progress,
+        dynamic_ncols=True,
+    )
+
+    def on_write(records: list[dict[str, Any]]) -> None:
+        for rec in records:
+            start.summary.add(rec)
+        bar.update(len(records))
+        bar.set_postfix(failed=start.summary.failed, refresh=False)
+
+    try:
+        with open(args.output, "ab") as out:
+            complete = scorer.run(rows, args.batch_size, out, on_write)
+    except (CallFailed, client.ProtocolError, OSError) as exc:
+        bar.close()
+        print(
+            f"nemo-gym-grpc score: stopped: {exc}\n{start.summary.rows} rows are in "
+            f"{args.output}; rerun the same command to continue",
+            file=sys.stderr,
+        )
+        return 1
+    bar.close()
+    if not complete:
+        print(
+            f"interrupted: {scorer.written} rows scored in this run are kept in "
+            f"{args.output}; rerun the same command to score the rest",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    return 0
