@@ -143,6 +143,7 @@ def read_verify_reply(
             code,
             reason,
             f"{url} reported {failure_class}: {str(detail)[:200]}",
+            retryable=False,  # a retry would repeat the judge calls (the caller may resubmit)
             upstreamUrl=url,
             failureClass=failure_class,
         )
