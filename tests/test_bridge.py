@@ -44,6 +44,7 @@ def test_unary_verify_scores_right_and_wrong_mcqa_answers(stub):
     assert not right.HasField("error") and not wrong.HasField("error")
     assert (right.request_id, right.reward) == ("r", 1.0)
     assert (wrong.request_id, wrong.reward) == ("w", 0.0)
+    assert wrong.WhichOneof("outcome") == "reward"  # 0.0 is a reward, set explicitly
     assert right.latency_seconds > 0
 
 
@@ -78,7 +79,8 @@ def test_unknown_resources_server_is_a_not_found_item_error_naming_known_servers
     assert result.error.code == code_pb2.NOT_FOUND
     assert error_info(result).reason == "UNKNOWN_RESOURCES_SERVER"
     assert "mcqa" in result.error.message and "no_such_server" in result.error.message
-    assert result.reward == 0.0 and not result.reward_components
+    assert result.WhichOneof("outcome") == "error" and not result.HasField("reward")
+    assert not result.reward_components
 
 
 def test_an_unreadable_head_server_is_named_in_the_not_found_error(start_bridge):

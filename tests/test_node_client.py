@@ -127,7 +127,9 @@ def test_a_node_client_scores_with_verify_and_verify_stream(
     for i in range(len(rows)):
         assert results[f"node-{i}-right"]["reward"] == 1.0
         assert results[f"node-{i}-wrong"]["reward"] == 0.0
+        assert results[f"node-{i}-wrong"]["outcome"] == "reward"  # a real 0.0, set
         assert results[f"node-{i}-right"]["error"] is None
+    assert results["node-unknown"]["outcome"] == "error"
     unknown = results["node-unknown"]["error"]
     assert unknown["code"] == 5  # NOT_FOUND
     assert unknown["reasons"] == ["UNKNOWN_RESOURCES_SERVER"]

@@ -49,6 +49,7 @@ const ErrorInfo = root.lookupType("google.rpc.ErrorInfo");
 function summarize(result) {
   const out = {
     request_id: result.request_id,
+    outcome: result.outcome, // which member of the `outcome` oneof is set: "reward" or "error"
     reward: result.reward,
     reward_components: result.reward_components,
     latency_seconds: result.latency_seconds,

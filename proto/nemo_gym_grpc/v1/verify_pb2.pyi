@@ -174,16 +174,15 @@ class VerifyResponse(_message.Message):
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     REWARD_FIELD_NUMBER: _builtins.int
-    REWARD_COMPONENTS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    REWARD_COMPONENTS_FIELD_NUMBER: _builtins.int
     REPLY_JSON_FIELD_NUMBER: _builtins.int
     LATENCY_SECONDS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The `request_id` of the VerifyRequest this answers."""
     reward: _builtins.float
-    """NeMo Gym's `reward` (a float the resources server computed; not bounded
-    to [0, 1]). Meaningful only when `error` is unset: a failed item has no
-    reward, and 0.0 here then means nothing.
+    """NeMo Gym's `reward` (a float the resources server computed; not
+    bounded to [0, 1]); set, even when 0.0, for every scored item.
     """
     reply_json: _builtins.str
     """When VerifyRequest.include_reply is true and the item succeeded: the
@@ -196,19 +195,20 @@ class VerifyResponse(_message.Message):
     bridge (0 when no call was made).
     """
     @_builtins.property
-    def reward_components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
-        """NeMo Gym's `reward_components` (name -> value) when the resources server
-        returns them; empty otherwise.
+    def error(self) -> _status_pb2.Status:
+        """Why the item could not be scored. `code` is a canonical gRPC status
+        code (e.g. UNAVAILABLE: upstream down; DEADLINE_EXCEEDED: upstream too
+        slow; NOT_FOUND: unknown resources server; INVALID_ARGUMENT: bad item
+        or upstream 4xx; INTERNAL: upstream 5xx or a reply without a numeric
+        reward). `message` names the upstream and, for HTTP errors, its status
+        and the first bytes of its body; one `google.rpc.ErrorInfo` detail
+        carries the reason.
         """
 
     @_builtins.property
-    def error(self) -> _status_pb2.Status:
-        """Set when the item could not be scored, unset on success. `code` is a
-        canonical gRPC status code (e.g. UNAVAILABLE: upstream down;
-        DEADLINE_EXCEEDED: upstream too slow; NOT_FOUND: unknown resources
-        server; INVALID_ARGUMENT: bad item or upstream 4xx; INTERNAL: upstream
-        5xx or a reply without a numeric reward). `message` names the upstream
-        and, for HTTP errors, its status and the first bytes of its body.
+    def reward_components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """NeMo Gym's `reward_components` (name -> value) when the resources server
+        returns them; empty otherwise.
         """
 
     def __init__(
@@ -216,16 +216,18 @@ class VerifyResponse(_message.Message):
         *,
         request_id: _builtins.str = ...,
         reward: _builtins.float = ...,
-        reward_components: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         error: _status_pb2.Status | None = ...,
+        reward_components: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         reply_json: _builtins.str = ...,
         latency_seconds: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "reward", b"reward"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "latency_seconds", b"latency_seconds", "reply_json", b"reply_json", "request_id", b"request_id", "reward", b"reward", "reward_components", b"reward_components"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "latency_seconds", b"latency_seconds", "outcome", b"outcome", "reply_json", b"reply_json", "request_id", b"request_id", "reward", b"reward", "reward_components", b"reward_components"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["reward", "error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
 
 Global___VerifyResponse: _TypeAlias = VerifyResponse  # noqa: Y015
 
