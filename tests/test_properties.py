@@ -84,6 +84,7 @@ def outcomes(stub, items: list[verify_pb2.VerifyRequest]) -> list[verify_pb2.Ver
     results = [r for message in stream for r in message.results]
     assert Counter(r.request_id for r in results) == Counter(i.request_id for i in items)
     for result in results:
+        assert result.WhichOneof("outcome") is not None  # a reward or an error, never neither
         if result.HasField("error"):
             info = error_details_pb2.ErrorInfo()
             assert len(result.error.details) == 1 and result.error.details[0].Unpack(info)
