@@ -126,7 +126,7 @@ class Upstreams:
         self._interval = min_rediscover_interval
         self._last_discovery = -float("inf")
         self._lock = asyncio.Lock()
-        # Why the last discovery failed (repr of the exception), None after a success.
+        # Why the last discovery failed ("ExceptionType: message"), None after a success.
         self.discovery_error: str | None = None
 
     async def discover(self) -> dict[str, str]:
@@ -146,7 +146,7 @@ class Upstreams:
                 body = await reply.read()
             self._discovered = parse_global_config(body, self.head_url)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            self.discovery_error = repr(exc)
+            self.discovery_error = f"{type(exc).__name__}: {exc}"
             raise
         self.discovery_error = None
         return self._discovered
