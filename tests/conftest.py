@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import grpc
 import pytest
 from nemo_gym_servers import (
     DEFAULT_SERVERS,
@@ -18,6 +19,8 @@ from nemo_gym_servers import (
     ensure_venv,
 )
 from nemo_gym_servers import start_bridge as _start_bridge
+
+from nemo_gym_grpc.v1 import verify_pb2_grpc
 
 _timings: list[str] = []
 
@@ -81,3 +84,13 @@ def start_bridge():
 def pytest_terminal_summary(terminalreporter):
     for line in _timings:
         terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="module")
+def stub(bridge):
+    """A VerifyService stub on a channel to the test module's own `bridge` fixture, with the
+    64 MiB message limits the bridge uses (gRPC's default receive limit is 4 MiB)."""
+    limit = 64 * 1024 * 1024
+    options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+    with grpc.insecure_channel(bridge.target, options=options) as channel:
+        yield verify_pb2_grpc.VerifyServiceStub(channel)

@@ -33,10 +33,6 @@ from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 MiB = 1024 * 1024
 MARGIN = 5.0  # seconds of slack on every time bound
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", 64 * MiB),
-    ("grpc.max_receive_message_length", 64 * MiB),
-]
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +70,6 @@ def bridge(proxy, scripted):
         "64",
     ) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def stub(bridge):
-    with grpc.insecure_channel(bridge.target, options=CHANNEL_OPTIONS) as channel:
-        yield verify_pb2_grpc.VerifyServiceStub(channel)
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,6 @@ import json
 import math
 from collections import Counter
 
-import grpc
 import pytest
 from fault_proxy import Fault, FaultProxy
 from google.rpc import code_pb2, error_details_pb2
@@ -19,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nemo_gym_servers import example_rows, start_bridge
 
-from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from nemo_gym_grpc.v1 import verify_pb2
 
 SCRIPTED_REWARD = 0.5
 REASONS = {
@@ -70,12 +69,6 @@ def bridge(nemo_gym, scripted):
         "600",
     ) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def stub(bridge):
-    with grpc.insecure_channel(bridge.target) as channel:
-        yield verify_pb2_grpc.VerifyServiceStub(channel)
 
 
 def outcomes(stub, items: list[verify_pb2.VerifyRequest]) -> list[verify_pb2.VerifyResponse]:

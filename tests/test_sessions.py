@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 
-import grpc
 import pytest
 from google.rpc import code_pb2, error_details_pb2
 from nemo_gym_servers import closed_port, example_rows, start_bridge
 
-from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from nemo_gym_grpc.v1 import verify_pb2
 
 SERVER = "example_session_state_mgmt"
 
@@ -43,12 +42,6 @@ def bridge(nemo_gym):
         "600",
     ) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def stub(bridge):
-    with grpc.insecure_channel(bridge.target) as channel:
-        yield verify_pb2_grpc.VerifyServiceStub(channel)
 
 
 def counter_item(
