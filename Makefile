@@ -1,6 +1,6 @@
 # Developer commands. `make test` is what CI runs (.ci/run). Targets are .PHONY because
 # folders named proto/ and tests/ exist.
-.PHONY: help dev proto proto-check lint test demo bench wheel clean
+.PHONY: help dev proto proto-check lint typecheck test demo bench wheel clean
 
 # Every tool runs from .venv, which `make dev` (or any target needing it) creates on first use.
 VENV_BIN := $(CURDIR)/.venv/bin
@@ -20,7 +20,7 @@ help:
 	@echo "make test         the whole test suite (real NeMo Gym servers)"
 	@echo "make proto        regenerate Python code from $(PROTOS)"
 	@echo "make proto-check  fail if the committed generated code is stale"
-	@echo "make lint         ruff + buf lint"
+	@echo "make lint         ruff, buf lint and mypy (make typecheck: mypy alone)"
 
 dev: $(DEV)
 
@@ -48,6 +48,17 @@ lint: $(DEV)
 	mkdir -p build/buf-deps/google/rpc && cp $(GAPI)/google/rpc/status.proto build/buf-deps/google/rpc/
 	buf lint
 	buf format -d --exit-code proto
+	$(MAKE) -s typecheck
+
+# mypy checks the installed names; build/typecheck lays out bridge/, rewards/ and the generated
+# code as the nemo_gym_grpc namespace it installs as.
+typecheck: $(DEV)
+	mkdir -p build/typecheck/nemo_gym_grpc
+	ln -sfn ../../../bridge build/typecheck/nemo_gym_grpc/bridge
+	ln -sfn ../../../rewards build/typecheck/nemo_gym_grpc/rewards
+	ln -sfn ../../../proto/nemo_gym_grpc/v1 build/typecheck/nemo_gym_grpc/v1
+	MYPYPATH=build/typecheck $(PY) -m mypy --config-file pyproject.toml \
+	  -p nemo_gym_grpc.bridge -p nemo_gym_grpc.rewards
 
 test: $(DEV)
 	$(PY) -m pytest
