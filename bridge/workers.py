@@ -15,8 +15,10 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 
-from nemo_gym_grpc.bridge.server import BridgeConfig, run, write_ready_file
+from nemo_gym_grpc.bridge.config import BridgeConfig
+from nemo_gym_grpc.bridge.server import read_ready_file, run, write_ready_file
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +48,20 @@ def _worker(config: BridgeConfig) -> int:
 def run_workers(config: BridgeConfig, workers: int) -> int:
     """Run `workers` bridge processes on one port until they exit. Returns the exit status.
 
-    `config.ready_file`, if set, is written once every worker serves.
+    `config.ready_file`, if set, is written once every worker serves (worker i writes
+    `<ready_file>.i`, removed again at exit).
+
+    Raises:
+        OSError: no free port can be found for a `listen` with port 0, or the fork fails.
     """
     listen = _resolve_port(config.listen)
-    ready_files = []
+    ready_files: list[Path] = []  # one per worker, if `config.ready_file` is set
     children: dict[int, int] = {}
     for index in range(workers):
-        ready = (
-            config.ready_file.with_name(f"{config.ready_file.name}.{index}")
-            if (config.ready_file)
-            else None
-        )
-        ready_files.append(ready)
+        ready: Path | None = None
+        if config.ready_file:
+            ready = config.ready_file.with_name(f"{config.ready_file.name}.{index}")
+            ready_files.append(ready)
         metrics_port = config.metrics_port
         if metrics_port:  # None = no metrics, 0 = a free port for each worker
             metrics_port += index
@@ -96,7 +100,7 @@ def run_workers(config: BridgeConfig, workers: int) -> int:
                 log.error("worker %d exited with %d: stopping the others", pid, code)
                 forward(signal.SIGTERM, None)
             continue
-        if not announced and all(r is not None and r.exists() for r in ready_files):
+        if config.ready_file and not announced and all(map(read_ready_file, ready_files)):
             write_ready_file(config.ready_file, listen)
             announced = True
         if config.exit_with_parent and os.getppid() != parent:
@@ -105,6 +109,5 @@ def run_workers(config: BridgeConfig, workers: int) -> int:
             parent = os.getppid()
         time.sleep(0.1)
     for ready in ready_files:
-        if ready is not None:
-            ready.unlink(missing_ok=True)
+        ready.unlink(missing_ok=True)
     return status

@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from nemo_gym_servers import closed_port, example_rows
 
-from nemo_gym_grpc.bridge.server import BridgeConfig, check_exposure
+from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 SERVICE = "nemo_gym_grpc.v1.VerifyService"

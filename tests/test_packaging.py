@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import venv
@@ -61,3 +62,19 @@ def test_installed_wheel_is_not_shadowed_by_a_users_rewards_py(wheel, tmp_path):
         [python, "-m", "pip", "list"], check=True, capture_output=True, text=True
     ).stdout
     assert "torch" not in listed.lower()
+
+
+def test_the_bridge_cli_does_not_import_the_trainer_side():
+    # rewards/__init__.py sets GRPC_ENABLE_FORK_SUPPORT for the trainer; the bridge must not
+    # load it (nor the rest of rewards/), not even to parse `score`'s command line.
+    probe = (
+        "import os, sys; from nemo_gym_grpc.bridge import cli;"
+        "cli.parse_args(['serve']); cli.parse_args(['score', 'in.jsonl', '-o', 'out.jsonl']);"
+        "print([m for m in sys.modules if m.startswith('nemo_gym_grpc.rewards')]);"
+        "print(os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True
+    )
+    assert out.stdout.split("\n")[:2] == ["[]", "None"]

@@ -1,0 +1,349 @@
+"""The bridge's settings: `BridgeConfig`, each field declared once with the flag(s) that set it,
+and the checks that refuse unsafe or contradictory settings before anything starts.
+
+`nemo-gym-grpc serve` generates its flags from the fields (`BridgeConfig.flags`) and builds the
+config with `BridgeConfig.from_args`; Python code constructs `BridgeConfig(...)` directly with
+keyword arguments. `serve --help` prints every flag's help, default and environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nemo_gym_grpc.bridge.flags import (
+    Flag,
+    listen_address,
+    non_negative_float,
+    port,
+    positive_float,
+    positive_int,
+    server_entry,
+    token_file,
+)
+from nemo_gym_grpc.bridge.verifier import RetryPolicy
+
+MiB = 1024 * 1024
+# The bearer token clients must send; the trainer side reads the same name (rewards/settings.py).
+TOKEN_ENV = "NEMO_GYM_GRPC_TOKEN"
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def setting(*flags: Flag, convert: Callable[..., Any] = _same) -> Any:
+    """A `BridgeConfig` field set by `flags`: its value is `convert(*the flags' values)`, and
+    its default `convert(*the flags' defaults)`."""
+    return field(
+        default_factory=lambda: convert(*(flag.default for flag in flags)),
+        metadata={"flags": flags, "convert": convert},
+    )
+
+
+def _replicas(entries: list[tuple[str, str]]) -> dict[str, str | list[str]]:
+    """`--server` entries grouped by name: {name: [base URL, ...]} in the order given."""
+    grouped: dict[str, list[str]] = {}
+    for name, url in entries:
+        grouped.setdefault(name, []).append(url)
+    return {name: urls for name, urls in grouped.items()}
+
+
+@dataclass(kw_only=True)
+class BridgeConfig:
+    """Settings of one bridge process. Each field's meaning and unit is its flag's help.
+
+    Fields that hold a converted value: `servers` is {resources server name: base URL, or a
+    list of them (replicas)}; `retry` a `RetryPolicy`; `max_item_bytes` and
+    `max_message_bytes` are bytes (their flags take MiB); `token` is the token itself (its
+    flag names a file, its variable holds the token). `reuse_port` has no flag.
+    """
+
+    listen: str = setting(
+        Flag(
+            "--listen",
+            "gRPC address HOST:PORT ([IPv6]:PORT; port 0 = any free port) or unix:PATH",
+            type=listen_address,
+            default="127.0.0.1:50051",
+            metavar="HOST:PORT",
+        )
+    )
+    head_url: str | None = setting(
+        Flag(
+            "--head-url",
+            "NeMo Gym head server URL, e.g. http://127.0.0.1:11000, to discover servers",
+            metavar="URL",
+        )
+    )
+    servers: dict[str, str | list[str]] = setting(
+        Flag(
+            "--server",
+            "a resources server base URL (repeatable; the same NAME again adds a replica, load "
+            "goes to the least busy one); wins over discovery",
+            type=server_entry,
+            default=(),
+            kind="list",
+            metavar="NAME=URL",
+        ),
+        convert=_replicas,
+    )
+    session_servers: tuple[str, ...] = setting(
+        Flag(
+            "--session-server",
+            "run every item of this resources server as its own NeMo Gym session: "
+            "/seed_session first, its cookies sent with the item's /verify (repeatable)",
+            default=(),
+            kind="list",
+            metavar="NAME",
+        ),
+        convert=tuple,
+    )
+    verify_timeout: float = setting(
+        Flag(
+            "--verify-timeout",
+            "default seconds per upstream /verify call",
+            type=positive_float,
+            default=30.0,
+            metavar="SECONDS",
+        )
+    )
+    max_in_flight: int = setting(
+        Flag(
+            "--max-in-flight",
+            "most concurrent /verify calls per upstream",
+            type=positive_int,
+            default=256,
+            metavar="N",
+        )
+    )
+    retry: RetryPolicy = setting(
+        Flag(
+            "--retry-attempts",
+            "most attempts per item for transient causes (connection errors, HTTP "
+            "500/502/503/504/429), the first included (1 = no retries)",
+            type=positive_int,
+            default=3,
+            metavar="N",
+        ),
+        Flag(
+            "--retry-budget",
+            "most seconds from an item's first attempt to the start of its last",
+            type=non_negative_float,
+            default=60.0,
+            metavar="SECONDS",
+        ),
+        convert=lambda attempts, budget: RetryPolicy(attempts=attempts, budget=budget),
+    )
+    max_stream_items: int = setting(
+        Flag(
+            "--max-stream-items",
+            "most items one VerifyStream holds at once",
+            type=positive_int,
+            default=4096,
+            metavar="N",
+        )
+    )
+    max_batch_items: int | None = setting(
+        Flag(
+            "--max-batch-items",
+            "most items in one VerifyStreamRequest message, at most --max-stream-items "
+            "(default: the same as --max-stream-items)",
+            type=positive_int,
+            metavar="N",
+        )
+    )
+    max_item_bytes: int = setting(
+        Flag(
+            "--max-item-mb",
+            "largest item in MiB; a larger one fails alone with INVALID_ARGUMENT / ITEM_TOO_LARGE",
+            type=positive_float,
+            default=16.0,
+            metavar="MIB",
+        ),
+        convert=lambda mb: int(mb * MiB),
+    )
+    max_streams: int = setting(
+        Flag(
+            "--max-streams",
+            "most concurrent VerifyStream calls",
+            type=positive_int,
+            default=256,
+            metavar="N",
+        )
+    )
+    max_message_bytes: int = setting(
+        Flag(
+            "--max-message-mb",
+            "gRPC message size limit in MiB, both directions",
+            type=positive_int,
+            default=64,
+            metavar="MIB",
+        ),
+        convert=lambda mb: mb * MiB,
+    )
+    grace: float = setting(
+        Flag(
+            "--grace",
+            "seconds in-flight calls get to finish on SIGTERM/SIGINT",
+            type=non_negative_float,
+            default=10.0,
+            metavar="SECONDS",
+        )
+    )
+    max_connection_age: float = setting(
+        Flag(
+            "--max-connection-age",
+            "seconds before a client connection is asked to reconnect, so long-lived clients "
+            "rebalance across replicas; 0 = never",
+            type=non_negative_float,
+            default=0.0,
+            metavar="SECONDS",
+        )
+    )
+    tls_cert: Path | None = setting(
+        Flag("--tls-cert", "PEM certificate chain (TLS; with --tls-key)", type=Path, metavar="PATH")
+    )
+    tls_key: Path | None = setting(
+        Flag("--tls-key", "PEM private key (TLS)", type=Path, metavar="PATH")
+    )
+    tls_client_ca: Path | None = setting(
+        Flag(
+            "--tls-client-ca",
+            "PEM CA bundle; require client certificates (mTLS)",
+            type=Path,
+            metavar="PATH",
+        )
+    )
+    token: str | None = setting(
+        Flag(
+            "--token-file",
+            "file holding the bearer token clients must send (the variable holds the token itself)",
+            type=token_file,
+            env=TOKEN_ENV,
+            env_type=str,
+            metavar="PATH",
+        )
+    )
+    insecure: bool = setting(
+        Flag(
+            "--insecure",
+            "allow a non-loopback --listen without TLS or a token",
+            default=False,
+            kind="switch",
+        )
+    )
+    ready_file: Path | None = setting(
+        Flag(
+            "--ready-file", "write the bound HOST:PORT here once serving", type=Path, metavar="PATH"
+        )
+    )
+    exit_with_parent: bool = setting(
+        Flag(
+            "--exit-with-parent",
+            "stop when the process that started the bridge exits (embedded use)",
+            default=False,
+            kind="switch",
+        )
+    )
+    health_interval: float = setting(
+        Flag(
+            "--health-interval",
+            "seconds between readiness probes of the upstreams",
+            type=positive_float,
+            default=5.0,
+            metavar="SECONDS",
+        )
+    )
+    metrics_port: int | None = setting(
+        Flag(
+            "--metrics-port",
+            "serve Prometheus metrics at http://HOST:PORT/metrics (with --workers N, worker i "
+            "uses PORT+i; 0 = a free port, logged); default: no metrics server",
+            type=port,
+            metavar="PORT",
+        )
+    )
+    metrics_host: str = setting(
+        Flag("--metrics-host", "address of the metrics server", default="127.0.0.1", metavar="HOST")
+    )
+    # Set by `serve --workers N` for its workers: several processes bind the same port.
+    reuse_port: bool = False
+
+    @classmethod
+    def flags(cls) -> list[Flag]:
+        """The flags that set the fields, in field order."""
+        return [flag for f in dataclasses.fields(cls) for flag in f.metadata.get("flags", ())]
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BridgeConfig:
+        """The config from parsed flags: `args` holds every flag of `flags()` by its `dest`
+        (`flags.resolve` fills those not given). Fields without a flag keep their default.
+
+        Raises:
+            AttributeError: a flag is missing from `args`.
+        """
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if "flags" in f.metadata:
+                given = (getattr(args, flag.dest) for flag in f.metadata["flags"])
+                values[f.name] = f.metadata["convert"](*given)
+        return cls(**values)
+
+
+def is_loopback(listen: str) -> bool:
+    """True for unix: sockets and loopback hosts (127.0.0.0/8, ::1, localhost)."""
+    if listen.startswith("unix:"):
+        return True
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(config: BridgeConfig) -> None:
+    """Refuse a non-loopback listen address with neither TLS nor a token, unless insecure.
+
+    Raises:
+        ValueError: naming the address and the flags that allow it; also for half a TLS pair.
+    """
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if config.tls_client_ca and not config.tls_cert:
+        raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+    if is_loopback(config.listen) or config.tls_cert or config.token or config.insecure:
+        return
+    raise ValueError(
+        f"refusing to listen on non-loopback {config.listen} without TLS or a token: "
+        f"set --tls-cert/--tls-key and/or --token-file (or {TOKEN_ENV}), or pass --insecure"
+    )
+
+
+def check_limits(config: BridgeConfig) -> None:
+    """Refuse limits that contradict each other.
+
+    Raises:
+        ValueError: a limit below 1, or `max_batch_items` over `max_stream_items` (a message
+            is parsed whole, so a bigger one would break the bound on items held per stream).
+    """
+    for flag, value in (
+        ("--max-stream-items", config.max_stream_items),
+        ("--max-batch-items", config.max_batch_items),
+        ("--max-in-flight", config.max_in_flight),
+        ("--max-streams", config.max_streams),
+    ):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
+    if config.max_batch_items is not None and config.max_batch_items > config.max_stream_items:
+        raise ValueError(
+            f"--max-batch-items {config.max_batch_items} exceeds --max-stream-items "
+            f"{config.max_stream_items}: a message is parsed whole, so it may not hold more "
+            "items than a stream holds at once"
+        )

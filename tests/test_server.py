@@ -1,0 +1,41 @@
+"""`server.build` wires a bridge in-process (no subprocess, no NeMo Gym); the ready file."""
+
+from __future__ import annotations
+
+import aiohttp
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from nemo_gym_grpc.bridge.config import BridgeConfig
+from nemo_gym_grpc.bridge.server import build, read_ready_file, write_ready_file
+from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+
+
+async def test_build_binds_a_bridge_that_is_not_serving_until_readiness():
+    config = BridgeConfig(listen="127.0.0.1:0", servers={"a": ["http://127.0.0.1:1"]})
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+        bridge = await build(config, session)
+        assert bridge.address.startswith("127.0.0.1:") and not bridge.address.endswith(":0")
+        assert not bridge.tls
+        await bridge.server.start()
+        try:
+            async with grpc.aio.insecure_channel(bridge.address) as channel:
+                health = health_pb2_grpc.HealthStub(channel)
+                checked = await health.Check(health_pb2.HealthCheckRequest(service=""))
+                assert checked.status == health_pb2.HealthCheckResponse.NOT_SERVING
+                stub = verify_pb2_grpc.VerifyServiceStub(channel)
+                listed = await stub.ListResourcesServers(verify_pb2.ListResourcesServersRequest())
+                assert [(s.name, list(s.upstream_urls)) for s in listed.resources_servers] == [
+                    ("a", ["http://127.0.0.1:1"])
+                ]
+        finally:
+            await bridge.server.stop(0)
+
+
+def test_the_ready_file_holds_the_address_once_written(tmp_path):
+    path = tmp_path / "ready"
+    assert read_ready_file(path) is None
+    write_ready_file(path, "127.0.0.1:5")
+    assert path.read_text() == "127.0.0.1:5\n"
+    assert read_ready_file(path) == "127.0.0.1:5"
+    assert [p.name for p in tmp_path.iterdir()] == ["ready"]  # no temporary file left
