@@ -28,6 +28,7 @@ from nemo_gym_grpc.rewards import (
     client,
     create_nemo_gym_reward_fn,
     embedded,
+    outcomes,
     reward_nemo_gym_verify,
     reward_nemo_gym_verify_async,
     settings,
@@ -144,7 +145,7 @@ def test_results_are_put_back_in_input_order_and_sent_in_messages_of_64(scripted
 )
 def test_results_that_do_not_match_the_items_raise(scripted, mode, match, asynchronous):
     target, _ = scripted
-    with pytest.raises(client.ProtocolError, match=match):
+    with pytest.raises(outcomes.ProtocolError, match=match):
         _call(target, mode, 5, asynchronous)
 
 
