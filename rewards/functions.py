@@ -3,9 +3,8 @@
 Same names and call shapes as axolotl's `axolotl.integrations.nemo_gym.rewards`, which these
 replace. A reward function gets `completions`, `prompts` and every dataset column as keyword
 arguments (one value per completion) and returns one value per completion, in input order:
-the reward (float), or for an item that could not be scored what the `on_error` policy says
-(default None, which TRL reads as NaN and leaves out of the mean; see `policy.py`). More than
-`max_failure_fraction` (default half) of a call failing raises `ScoringError`.
+the reward (float), or for an item that could not be scored what the failure policy says
+(`policy.py`: None by default, or 0.0, or `ScoringError`).
 
 One call = one `VerifyStream` RPC carrying the whole batch. The `*_async` forms do the same
 over `grpc.aio` for TRL's async reward path. When TRL passes `log_metric` / `log_extra`, the

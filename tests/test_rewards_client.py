@@ -11,9 +11,12 @@ bridges that cannot start (real subprocesses).
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import logging
 import os
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -25,12 +28,15 @@ from nemo_gym_servers import closed_port
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
+    channels,
     client,
     create_nemo_gym_reward_fn,
     embedded,
     outcomes,
     reward_nemo_gym_verify,
     reward_nemo_gym_verify_async,
+    score,
+    scorefile,
     settings,
 )
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
@@ -42,13 +48,26 @@ class ScriptedBridge(verify_pb2_grpc.VerifyServiceServicer):
     echo: reward = the number in the completion, results in reverse order; unknown: one
     result for an id never sent; duplicate: the first item answered twice; short: all but one
     answered, then OK; abort: half answered, then UNAVAILABLE with an ErrorInfo reason;
-    stall: half answered, then nothing until the client gives up.
+    stall: half answered, then nothing until the client gives up (counted in `stalls_ended`).
     """
 
     def __init__(self) -> None:
         self.message_sizes: list[int] = []
+        self.stalls_ended: list[str] = []
+        self.in_flight = self.most_in_flight = 0
+        self.lock = threading.Lock()
 
     def VerifyStream(self, request_iterator, context):
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            yield from self._answer(request_iterator, context)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _answer(self, request_iterator, context):
         items = []
         for message in request_iterator:
             self.message_sizes.append(len(message.items))
@@ -87,6 +106,7 @@ class ScriptedBridge(verify_pb2_grpc.VerifyServiceServicer):
             stopped = threading.Event()
             context.add_callback(stopped.set)
             stopped.wait(60)
+            self.stalls_ended.append(items[0].request_id)
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +221,86 @@ def test_no_bridge_at_the_target_fails_every_item_and_the_guard_raises(
     with caplog.at_level(logging.WARNING, logger="nemo_gym_grpc.rewards"):
         assert _run(reward_fn, **args) == [None, None, None]
     assert "3 of 3 items failed" in caplog.text and "UNAVAILABLE x3" in caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# the transport itself: outcomes keyed by request_id
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_verify_batch_returns_one_outcome_per_request_id(scripted, asynchronous):
+    target, _ = scripted
+    ids = ["a", "too-big", "b", "c"]
+    requests = [
+        verify_pb2.VerifyRequest(request_id=i, resources_server="echo", completion=c)
+        for i, c in zip(ids, ["1", "1" + " " * client.MAX_MESSAGE_BYTES, "2", "3"], strict=True)
+    ]
+    verify = client.verify_batch_async if asynchronous else client.verify_batch
+    sent = verify(target, requests, timeout=30, connect_timeout=10)
+    sent = asyncio.run(sent) if asynchronous else sent
+    assert sorted(sent) == sorted(ids)
+    assert [sent[i].reward for i in ("a", "b", "c")] == [1.0, 2.0, 3.0]
+    assert (sent["too-big"].code, sent["too-big"].reason) == ("INVALID_ARGUMENT", "ITEM_TOO_LARGE")
+    with pytest.raises(ValueError, match="duplicate request_id 'a'"):
+        client.verify_batch(target, requests[:1] * 2, timeout=30, connect_timeout=10)
+
+
+# --------------------------------------------------------------------------------------------
+# the score command's FileScorer (one event loop) against the scripted bridge
+
+
+def _rows(modes: list[str]) -> list[scorefile.Row]:
+    """One score input row per mode (routed to that scripted mode), lines 1..n."""
+    rows = []
+    for line, mode in enumerate(modes, start=1):
+        raw = json.dumps({"resources_server_ref": {"name": mode}, "response": {}}).encode()
+        rows.append(scorefile.parse_row(raw, line, None, 0.0))
+    return rows
+
+
+def _file_scorer(target: str, stop: asyncio.Event) -> score.FileScorer:
+    return score.FileScorer(
+        target,
+        channels.PLAINTEXT,
+        batch_timeout=30,
+        connect_timeout=10,
+        concurrency=2,
+        stop=stop,
+    )
+
+
+def test_a_stopped_run_keeps_the_finished_batches_and_cancels_the_calls_in_flight(scripted):
+    target, servicer = scripted
+    out = io.BytesIO()
+    written: list[int] = []
+    rows = _rows(["echo"] * 4 + ["stall"] * 8)  # batches of 2: two answered, four held
+    ended_before = len(servicer.stalls_ended)
+    servicer.most_in_flight = 0
+
+    async def run_stopped_after_one_second() -> tuple[bool, int]:
+        stop = asyncio.Event()
+        scorer = _file_scorer(target, stop)
+        asyncio.get_running_loop().call_later(1.0, stop.set)
+        complete = await scorer.run(iter(rows), 2, out, lambda r: written.append(len(r)))
+        return complete, scorer.written
+
+    assert asyncio.run(run_stopped_after_one_second()) == (False, 4)
+    assert [json.loads(line)["line"] for line in out.getvalue().splitlines()] == [1, 2, 3, 4]
+    assert written == [2, 2]
+    deadline = time.monotonic() + 10
+    while len(servicer.stalls_ended) < ended_before + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(servicer.stalls_ended) == ended_before + 2  # the bridge saw both cancelled
+    assert servicer.most_in_flight == 2  # --concurrency: the other two held batches waited
+
+
+async def test_a_call_that_keeps_failing_as_a_whole_stops_the_run_after_three_attempts(scripted):
+    target, _ = scripted
+    out = io.BytesIO()
+    scorer = _file_scorer(target, asyncio.Event())
+    with pytest.raises(score.CallFailed, match=r"\(3 attempts\): UNAVAILABLE \(BRIDGE_DRAINING\)"):
+        await scorer.run(iter(_rows(["abort"] * 4)), 4, out, lambda r: None)
+    assert out.getvalue() == b""  # nothing of a failed batch is written
 
 
 # --------------------------------------------------------------------------------------------
