@@ -15,6 +15,9 @@ import io
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent import futures
@@ -301,6 +304,45 @@ async def test_a_call_that_keeps_failing_as_a_whole_stops_the_run_after_three_at
     with pytest.raises(score.CallFailed, match=r"\(3 attempts\): UNAVAILABLE \(BRIDGE_DRAINING\)"):
         await scorer.run(iter(_rows(["abort"] * 4)), 4, out, lambda r: None)
     assert out.getvalue() == b""  # nothing of a failed batch is written
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_sigterm_stops_the_score_command_with_a_valid_prefix(scripted, tmp_path):
+    target, servicer = scripted
+    modes = ["echo"] * 4 + ["stall"] * 4  # batches of 2: two answered, two held
+    rows = "".join(
+        json.dumps({"resources_server_ref": {"name": m}, "response": {}}) + "\n" for m in modes
+    )
+    (tmp_path / "rows.jsonl").write_text(rows)
+    out = tmp_path / "out.jsonl"
+    ended_before = len(servicer.stalls_ended)
+    command = [sys.executable, "-m", "nemo_gym_grpc.bridge", "score", str(tmp_path / "rows.jsonl")]
+    command += ["-o", str(out), "--target", target, "--batch-size", "2", "--no-progress"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(
+            lambda: out.exists() and out.read_bytes().count(b"\n") == 4 and servicer.in_flight == 2,
+            60,
+            "4 rows written and 2 calls held",
+        )
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert "SIGTERM: stopping" in stderr and "Traceback" not in stderr
+    assert [json.loads(line)["line"] for line in out.read_text().splitlines()] == [1, 2, 3, 4]
+    assert "4 of 8 rows in" in stdout
+    _wait_for(lambda: len(servicer.stalls_ended) == ended_before + 2, 10, "cancelled calls")
 
 
 # --------------------------------------------------------------------------------------------
