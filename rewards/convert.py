@@ -149,9 +149,8 @@ def resources_server_name(ref: Any) -> str:
     A missing, empty or malformed ref (not a dict, no string `name`) gives "" (`build_batch`
     fails that item with INVALID_ARGUMENT naming the expected shape).
     """
-    if isinstance(ref, Mapping) and isinstance(ref.get("name"), str):
-        return ref["name"]
-    return ""
+    name = ref.get("name") if isinstance(ref, Mapping) else None
+    return name if isinstance(name, str) else ""
 
 
 def row_json(extra: Any, index: int) -> str:

@@ -111,7 +111,6 @@ class EmbeddedBridge:
         process: the `subprocess.Popen` (its `pid` is what `stop` signals).
         target: "host:port" it serves on.
         workdir: private folder with `ready` and `bridge.log`.
-        owner_pid: the pid of the process that started it.
     """
 
     def __init__(
@@ -121,7 +120,6 @@ class EmbeddedBridge:
         self.process = process
         self.target = target
         self.workdir = workdir
-        self.owner_pid = os.getpid()
 
     @classmethod
     def start(cls, spec: BridgeSpec, startup_timeout: float) -> EmbeddedBridge:

@@ -28,7 +28,9 @@ from nemo_gym_grpc.rewards.outcomes import Outcome
 SEED_MODEL = "axolotl"
 
 
-def reward_env(completions, prompts=None, **kwargs):
+def reward_env(
+    completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+) -> list[float | None]:
     """Passthrough of a reward computed elsewhere (NeMo Gym agent `/run`, multi-turn).
 
     Reads the `env_reward` keyword argument (injected per sample by axolotl's NeMo Gym data
@@ -55,7 +57,9 @@ def reward_env(completions, prompts=None, **kwargs):
     return [0.0 for _ in completions]
 
 
-def reward_nemo_gym_verify(completions, prompts=None, **kwargs):
+def reward_nemo_gym_verify(
+    completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+) -> list[float | None]:
     """Score each completion with its NeMo Gym resources server's `/verify` (single-turn).
 
     Load it by dotted path (`nemo_gym_grpc.rewards.reward_nemo_gym_verify`, e.g. in axolotl's
@@ -99,7 +103,9 @@ def reward_nemo_gym_verify(completions, prompts=None, **kwargs):
     return _score(_VERIFY, completions, prompts, kwargs)
 
 
-async def reward_nemo_gym_verify_async(completions, prompts=None, **kwargs):
+async def reward_nemo_gym_verify_async(
+    completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+) -> list[float | None]:
     """`reward_nemo_gym_verify` as a coroutine function, for TRL's async reward path.
 
     TRL (1.8 and newer) runs `async def` reward functions on its own event loop, alongside
@@ -193,7 +199,9 @@ def create_nemo_gym_reward_fn(
 
 
 def _bound(scorer: _Scorer) -> Callable[..., list[float | None]]:
-    def nemo_gym(completions, prompts=None, **kwargs):
+    def nemo_gym(
+        completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[float | None]:
         """NeMo Gym `/verify` rewards for the bound endpoints; see `create_nemo_gym_reward_fn`
         and `reward_nemo_gym_verify`. Returns list[float | None] in input order."""
         return _score(scorer, completions, prompts, kwargs)
@@ -202,7 +210,9 @@ def _bound(scorer: _Scorer) -> Callable[..., list[float | None]]:
 
 
 def _bound_async(scorer: _Scorer) -> Callable[..., Awaitable[list[float | None]]]:
-    async def nemo_gym(completions, prompts=None, **kwargs):
+    async def nemo_gym(
+        completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[float | None]:
         """NeMo Gym `/verify` rewards for the bound endpoints (coroutine, grpc.aio); see
         `create_nemo_gym_reward_fn` and `reward_nemo_gym_verify`. Returns
         list[float | None] in input order."""
@@ -257,7 +267,11 @@ class _Scorer:
         )
 
     def finish(
-        self, job: _Job, target: str | None, sent: Mapping[str, Outcome], kwargs: Mapping
+        self,
+        job: _Job,
+        target: str | None,
+        sent: Mapping[str, Outcome],
+        kwargs: Mapping[str, Any],
     ) -> list[float | None]:
         """Rewards in input order under the failure policy; extras to TRL's callbacks."""
         outcomes = job.batch.outcomes(sent)

@@ -230,7 +230,11 @@ def run_score(args: argparse.Namespace) -> int:
         )
     status = 0
     if start.done < start.total:
-        status = asyncio.run(_score_rest(args, start))
+        try:
+            status = asyncio.run(_score_rest(args, start))
+        except KeyboardInterrupt:  # a Ctrl-C just before or after the loop's own handlers
+            print("aborted", file=sys.stderr)
+            status = EXIT_INTERRUPTED
     summary = start.summary
     print(summary.table())
     print(f"{summary.rows} of {start.total} rows in {args.output} ({summary.failed} failed)")
