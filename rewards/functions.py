@@ -139,6 +139,9 @@ def create_nemo_gym_reward_fn(
 ) -> Callable[..., list[float | None]] | Callable[..., Awaitable[list[float | None]]]:
     """A reward function bound to explicit `/verify` endpoints (axolotl's plugin uses this).
 
+    Keyword-only settings left None take their environment variable (`settings.py`) at each
+    call.
+
     Args:
         global_config: NeMo Gym's global config dict; accepted for signature compatibility
             with axolotl and not read (routing comes from `verify_endpoints`).
@@ -147,9 +150,6 @@ def create_nemo_gym_reward_fn(
         model_name: `model` written into the Responses object built from each completion.
         verify_timeout: seconds per upstream `/verify` call (sent with every item, and the
             embedded bridge's default).
-        The keyword-only settings below default to their environment variables
-        (`settings.py`), read at call time.
-
         target: keyword-only: gRPC target of a running bridge (TLS and token from the
             environment). Default: `NEMO_GYM_GRPC_TARGET`; if that is unset too, an embedded
             bridge routing exactly `verify_endpoints` (`--server NAME=BASE_URL` each, no head
