@@ -14,20 +14,20 @@ Drop-in for axolotl's `axolotl.integrations.nemo_gym.rewards` (same names and ca
 
 Load by dotted path, e.g. in an axolotl config
 `trl.reward_funcs: [nemo_gym_grpc.rewards.reward_nemo_gym_verify]`.
-Configuration is by environment variable (see `settings.py`): `NEMO_GYM_GRPC_TARGET`,
-`NEMO_GYM_HEAD_URL`, `NEMO_GYM_GRPC_BATCH_TIMEOUT`, `NEMO_GYM_GRPC_CONNECT_TIMEOUT`,
-`NEMO_GYM_GRPC_STARTUP_TIMEOUT`, `NEMO_GYM_GRPC_ON_ERROR`, `NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`.
-Modules: `functions` (the reward functions), `convert` (arguments -> VerifyRequests), `client`
-(channels, the VerifyStream call), `policy` (what failed items give), `extras` (TRL's
-`log_metric` / `log_extra`), `embedded` (the zero-config bridge subprocess).
+Configuration is by environment variable: the list is in `settings.py`.
+Modules: `functions` (the reward functions), `convert` (arguments -> VerifyRequests),
+`outcomes` (`Failure`, `Outcome`), `client` (the VerifyStream call), `channels` (gRPC
+channels), `policy` (what failed items give), `trl_logging` (TRL's `log_metric` /
+`log_extra`), `embedded` (the zero-config bridge subprocess), `score` and `scorefile` (the
+`nemo-gym-grpc score` command).
 """
 
 import os
 
 # Trainers fork (DataLoader workers, multiprocessing) after the reward functions have used
 # gRPC. Without gRPC's fork support a forked child that scores crashes now and then inside
-# gRPC core (measured: 2 of 8 children, "Check failed: next_worker->state == KICKED"); with
-# it, 0 of 8. It must be set before gRPC starts, so it is set here, unless the user set it.
+# gRPC core ("Check failed: next_worker->state == KICKED"). It must be set before gRPC
+# starts, so it is set here, unless the user set it.
 # (The embedded bridge, a grpc.aio server that forks only before gRPC starts, does not get it.)
 FORK_SUPPORT_DEFAULTED = "GRPC_ENABLE_FORK_SUPPORT" not in os.environ
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "1")

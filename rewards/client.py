@@ -1,27 +1,12 @@
-"""The gRPC client side: batches over `VerifyStream`, sync (`verify_batch`) and asyncio
-(`verify_batch_async`). Channels, security and load balancing are in `channels.py`.
+"""One `VerifyStream` call for a batch of `VerifyRequest`s: sync (`verify_batch`, grpcio) and
+asyncio (`verify_batch_async`, grpc.aio), both returning {request_id: Outcome}.
 
-Sync: TRL calls most reward functions synchronously, so `verify_batch` uses grpcio's sync API.
-Its channels are created lazily, one per target (and TLS files) per process, shared by all
-threads (a grpc channel is thread-safe; the cache is guarded by a lock) and re-created in a
-forked child (grpc state does not survive fork; the pid is checked on every lookup). A caller
-may pass its own `channels.Connection` instead (the `score` command does, to cancel on Ctrl-C).
-
-Async: `verify_batch_async` uses `grpc.aio` with a channel of its own per call, opened and
-closed inside the call. A `grpc.aio` channel belongs to the event loop it was created on, so a
-shared one would fail ("bound to a different event loop") when TRL's reward loop, a test's
-`asyncio.run` or another thread's loop calls next; one connection per batch costs a loopback
-handshake (about a millisecond) per training step.
-
-Channel options (see `channels.CHANNEL_OPTIONS`):
-- `grpc.max_receive_message_length` / `grpc.max_send_message_length` = 64 MiB: gRPC's default
-  4 MiB receive limit rejects a 64-item message of long completions. The bridge's
-  `--max-message-mb` defaults to the same 64 MiB; an item bigger than that on its own fails
-  locally with INVALID_ARGUMENT / ITEM_TOO_LARGE (the bridge's own code and reason for an item
-  over its item limit) instead of failing the whole stream.
-- `grpc.max_reconnect_backoff_ms` = 5000: after the bridge restarts, reconnect within seconds
-  instead of gRPC's default backoff of up to 120 s.
-- `grpc.service_config`: the `round_robin` load-balancing policy (several bridges).
+Both wrappers share one `_Call`: it checks the requests (unique ids, each within the message
+limit), chunks them into messages, matches results by `request_id`, and at the end gives every
+item without a result the call's own failure. The sync wrapper uses the process's shared
+channel (`channels.shared`); the async one opens a channel on the running event loop and
+closes it before returning, so it can be awaited from any loop in any thread, one after
+another or at the same time (a loopback handshake, about a millisecond, per call).
 """
 
 from __future__ import annotations
@@ -29,15 +14,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
-from grpc_status import rpc_status
 
 from nemo_gym_grpc.rewards import channels
-from nemo_gym_grpc.rewards.channels import CHANNEL_OPTIONS as CHANNEL_OPTIONS  # re-export
+from nemo_gym_grpc.rewards.channels import CHANNEL_OPTIONS as CHANNEL_OPTIONS  # benchmarks
 from nemo_gym_grpc.rewards.channels import MAX_MESSAGE_BYTES, MiB, Security
+from nemo_gym_grpc.rewards.outcomes import ITEM_TOO_LARGE, Failure, Outcome, ProtocolError
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 # Room for a VerifyStreamRequest's own framing around its items.
@@ -45,82 +29,6 @@ MAX_ITEM_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 ITEMS_PER_MESSAGE = 64
 # A message is closed early once its items reach this size (a big message only adds latency).
 BYTES_PER_MESSAGE = 16 * MiB
-
-_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
-
-
-class ProtocolError(RuntimeError):
-    """The bridge broke the VerifyStream contract: a result with an unknown or duplicate
-    `request_id`, or a stream that ended OK without a result for every item. Results are
-    never zipped, broadcast or truncated onto the items, so this is raised instead."""
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why one item has no reward.
-
-    Attributes:
-        code: canonical gRPC status code name, e.g. "NOT_FOUND", "UNAVAILABLE".
-        reason: `google.rpc.ErrorInfo.reason` when the status carries one (e.g.
-            "UNKNOWN_RESOURCES_SERVER", "UPSTREAM_UNAVAILABLE"), else None.
-        message: human-readable detail (the bridge's or gRPC's message).
-        whole_call: True when the item got no result of its own because the call failed as
-            a whole (no connection, deadline, token refused, channel closed, bridge
-            stopped): the item itself may be fine, and sending it again may score it.
-    """
-
-    code: str
-    reason: str | None
-    message: str
-    whole_call: bool = False
-
-    @property
-    def cause(self) -> str:
-        """Code and reason, e.g. "NOT_FOUND (UNKNOWN_RESOURCES_SERVER)" or "UNAVAILABLE"."""
-        return f"{self.code} ({self.reason})" if self.reason else self.code
-
-    @classmethod
-    def from_status(cls, status: status_pb2.Status) -> Failure:
-        """From a `google.rpc.Status` (a per-item `VerifyResponse.error`, or a call's rich
-        status); the reason is taken from its first `ErrorInfo` detail."""
-        reason = None
-        for detail in status.details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                reason = info.reason or None
-                break
-        code = _CODE_NAMES.get(status.code, f"CODE_{status.code}")
-        return cls(code, reason, status.message)
-
-    @classmethod
-    def from_rpc_error(cls, error: grpc.RpcError) -> Failure:
-        """From a failed call (the whole stream failed; a sync `grpc.Call` error or a
-        `grpc.aio.AioRpcError`): its code, its rich status's ErrorInfo reason when the server
-        sent one, and its details text."""
-        has_status = callable(getattr(error, "code", None))
-        code = error.code() if has_status else None
-        details = error.details() if has_status else None
-        try:
-            status = rpc_status.from_call(error) if has_status else None
-        except ValueError:  # rich status inconsistent with the call's code/message
-            status = None
-        if status is not None:
-            return cls.from_status(status)
-        return cls(code.name if code is not None else "UNKNOWN", None, details or repr(error))
-
-
-Outcome = verify_pb2.VerifyResponse | Failure
-"""The outcome of one item: a successful `VerifyResponse` (`reward`, `reward_components`,
-...), or a `Failure`."""
-
-
-def channel(
-    target: str, security: Security = channels.PLAINTEXT
-) -> tuple[grpc.Channel, verify_pb2_grpc.VerifyServiceStub]:
-    """The process's shared channel and stub for `target` (see `channels.shared`)."""
-    connection = channels.shared(target, security)
-    return connection.channel, connection.stub
 
 
 def _messages(
@@ -141,69 +49,93 @@ def _messages(
         yield verify_pb2.VerifyStreamRequest(items=chunk)
 
 
-class _Results:
-    """The outcomes of one batch as they arrive, matched to the requests by `request_id`.
+class _Call:
+    """The bookkeeping of one call, the same for the sync and the async wrapper.
 
-    Items over the message limit get their failure up front and are not sent (`sendable`).
+    `__init__` fails items over the message limit up front (not sent: `sendable`), `start`
+    gives the messages and the time left, `on_message` records results, `on_error` and
+    `on_no_connection` record the call's own failure, `finish` returns every outcome.
     """
 
-    def __init__(self, target: str, requests: Sequence[verify_pb2.VerifyRequest]) -> None:
+    def __init__(
+        self,
+        target: str,
+        requests: Sequence[verify_pb2.VerifyRequest],
+        *,
+        timeout: float,
+        connect_timeout: float,
+        security: Security,
+    ) -> None:
         self.target = target
-        self.outcomes: list[Outcome | None] = [None] * len(requests)
-        self.index: dict[str, int] = {}
+        self.metadata = security.metadata()
+        self.timeout = timeout
+        self.connect_wait = min(connect_timeout, timeout)
+        self.deadline = time.monotonic() + timeout
+        self.outcomes: dict[str, Outcome] = {}
         self.sendable: list[verify_pb2.VerifyRequest] = []
-        for i, request in enumerate(requests):
-            if request.request_id in self.index:
+        self.failure: Failure | None = None
+        ids: set[str] = set()
+        for request in requests:
+            if request.request_id in ids:
                 raise ValueError(f"duplicate request_id {request.request_id!r}")
+            ids.add(request.request_id)
             size = request.ByteSize()
             if size > MAX_ITEM_BYTES:
-                self.outcomes[i] = Failure(
+                self.outcomes[request.request_id] = Failure(
                     "INVALID_ARGUMENT",
-                    "ITEM_TOO_LARGE",
+                    ITEM_TOO_LARGE,
                     f"item is {size} bytes; the gRPC message limit is {MAX_MESSAGE_BYTES} bytes",
                 )
-                continue
-            self.index[request.request_id] = i
-            self.sendable.append(request)
+            else:
+                self.sendable.append(request)
+        self.sent = {request.request_id for request in self.sendable}
 
-    def add(self, result: verify_pb2.VerifyResponse) -> None:
-        """Record one result. Raises ProtocolError for an unknown or repeated request_id."""
-        i = self.index.get(result.request_id)
-        if i is None or self.outcomes[i] is not None:
-            kind = "unknown" if i is None else "duplicate"
-            raise ProtocolError(
-                f"bridge at {self.target} sent a result for {kind} request_id "
-                f"{result.request_id[:100]!r}"
-            )
-        self.outcomes[i] = Failure.from_status(result.error) if result.HasField("error") else result
+    def start(self) -> tuple[Iterator[verify_pb2.VerifyStreamRequest], float]:
+        """The messages to send and the seconds left for the call."""
+        return _messages(self.sendable), max(self.deadline - time.monotonic(), 0.0)
 
-    def finish(self, call_failure: Failure | None) -> list[Outcome]:
-        """All outcomes; items without a result get `call_failure` (the call's own failure,
-        marked `whole_call`).
+    def on_message(self, message: verify_pb2.VerifyStreamResponse) -> None:
+        """Record a message's results. Raises ProtocolError for an unknown or repeated id."""
+        for result in message.results:
+            request_id = result.request_id
+            if request_id not in self.sent or request_id in self.outcomes:
+                kind = "unknown" if request_id not in self.sent else "duplicate"
+                raise ProtocolError(
+                    f"bridge at {self.target} sent a result for {kind} request_id "
+                    f"{request_id[:100]!r}"
+                )
+            error = result.error if result.HasField("error") else None
+            self.outcomes[request_id] = result if error is None else Failure.from_status(error)
+
+    def on_error(self, error: grpc.RpcError) -> None:
+        """The call failed as a whole."""
+        self.failure = Failure.from_rpc_error(error)
+
+    def on_no_connection(self) -> None:
+        """No connection within `connect_wait`: the call was not started."""
+        self.failure = Failure(
+            "DEADLINE_EXCEEDED" if self.connect_wait >= self.timeout else "UNAVAILABLE",
+            None,
+            f"no connection to the bridge at {self.target} within {self.connect_wait:g} s",
+        )
+
+    def finish(self) -> dict[str, Outcome]:
+        """{request_id: outcome} for every request; the items without a result get the call's
+        failure, marked `whole_call`.
 
         Raises:
             ProtocolError: items are unanswered although the call ended OK.
         """
-        missing = sum(o is None for o in self.outcomes)
-        if missing and call_failure is None:
+        missing = [request_id for request_id in self.sent if request_id not in self.outcomes]
+        if missing and self.failure is None:
             raise ProtocolError(
-                f"bridge at {self.target} ended VerifyStream OK with {missing} of "
-                f"{len(self.sendable)} items unanswered"
+                f"bridge at {self.target} ended VerifyStream OK with {len(missing)} of "
+                f"{len(self.sent)} items unanswered"
             )
-        if call_failure is not None:
-            call_failure = replace(call_failure, whole_call=True)
-        return [call_failure if o is None else o for o in self.outcomes]  # type: ignore[misc]
-
-
-CANCELLED = Failure("CANCELLED", None, "the client closed its channel to the bridge")
-
-
-def _no_connection(target: str, wait: float, timeout: float) -> Failure:
-    return Failure(
-        "DEADLINE_EXCEEDED" if wait >= timeout else "UNAVAILABLE",
-        None,
-        f"no connection to the bridge at {target} within {wait:g} s",
-    )
+        if missing and self.failure is not None:
+            failure = replace(self.failure, whole_call=True)
+            self.outcomes.update(dict.fromkeys(missing, failure))
+        return self.outcomes
 
 
 def verify_batch(
@@ -213,16 +145,13 @@ def verify_batch(
     timeout: float,
     connect_timeout: float,
     security: Security = channels.PLAINTEXT,
-    connection: channels.Connection | None = None,
-) -> list[Outcome]:
-    """Score `requests` over one `VerifyStream` call and return one outcome per request, in
-    the order of `requests`.
+) -> dict[str, Outcome]:
+    """Score `requests` over one `VerifyStream` call; one outcome per request, by request_id.
 
-    Items are sent in messages of at most 64; results are matched back by `request_id`.
-    Per-item errors become `Failure`s. If the call fails as a whole (deadline, bridge gone,
-    no connection), every item without a result gets that call's `Failure`. An item bigger
-    than the message limit fails alone (INVALID_ARGUMENT / ITEM_TOO_LARGE) without being
-    sent.
+    Items are sent in messages of at most 64. Per-item errors become `Failure`s. If the call
+    fails as a whole (deadline, bridge gone, no connection, token refused), every item
+    without a result gets that call's `Failure` (`whole_call`). An item bigger than the
+    message limit fails alone (INVALID_ARGUMENT / ITEM_TOO_LARGE) without being sent.
 
     Args:
         target: the bridge's gRPC target ("host:port", "ipv4:A:P,B:P", "dns:///name:port").
@@ -230,47 +159,35 @@ def verify_batch(
         timeout: gRPC deadline of the whole call, seconds.
         connect_timeout: most seconds to wait for a connection to the bridge (bounded by
             `timeout`); a bridge that is still starting is waited for, not failed at once.
-        security: TLS files and token (`channels.Security.from_env`); default plaintext,
-            no token. A wrong or missing token fails every item with UNAUTHENTICATED.
-        connection: a `channels.Connection` to use instead of the shared one for `target`
-            (with `security`'s TLS files). Once it is closed, unanswered items get
-            CANCELLED (marked `whole_call`).
+        security: TLS files and token (`settings.security`); default plaintext, no token.
 
     Raises:
         ValueError: two requests share a `request_id`.
         ProtocolError: the bridge answered an unknown or already answered `request_id`, or
             ended the stream OK with items unanswered.
     """
-    results = _Results(target, requests)
-    if not results.sendable:
-        return results.finish(None)
-
-    deadline = time.monotonic() + timeout
-    connection = connection or channels.shared(target, security)
-    wait = min(connect_timeout, timeout)
-    if not connection.wait_ready(wait):
-        if connection.closed:
-            return results.finish(CANCELLED)
-        return results.finish(_no_connection(target, wait, timeout))
-    with connection.stream(
-        _messages(results.sendable),
-        timeout=max(deadline - time.monotonic(), 0.0),
-        metadata=security.metadata(),
-        wait_for_ready=True,
-    ) as call:
-        if call is None:
-            return results.finish(CANCELLED)
-        call_failure = None
-        try:
-            for message in call:
-                for result in message.results:
-                    results.add(result)
-        except ProtocolError:
-            call.cancel()
-            raise
-        except grpc.RpcError as error:
-            call_failure = Failure.from_rpc_error(error)
-    return results.finish(call_failure)
+    call = _Call(
+        target, requests, timeout=timeout, connect_timeout=connect_timeout, security=security
+    )
+    if not call.sendable:
+        return call.finish()
+    channel = channels.shared(target, security)
+    if not channel.wait_ready(call.connect_wait):
+        call.on_no_connection()
+        return call.finish()
+    messages, left = call.start()
+    stream = channel.stub.VerifyStream(
+        messages, timeout=left, metadata=call.metadata, wait_for_ready=True
+    )
+    try:
+        for message in stream:
+            call.on_message(message)
+    except ProtocolError:
+        stream.cancel()
+        raise
+    except grpc.RpcError as error:
+        call.on_error(error)
+    return call.finish()
 
 
 async def verify_batch_async(
@@ -280,39 +197,30 @@ async def verify_batch_async(
     timeout: float,
     connect_timeout: float,
     security: Security = channels.PLAINTEXT,
-) -> list[Outcome]:
-    """`verify_batch` for asyncio: the same arguments, outcomes and errors, over `grpc.aio`.
-
-    Opens its own channel on the running event loop and closes it before returning (or when
-    cancelled), so it can be awaited from any loop in any thread, one after another or at the
-    same time.
-    """
-    results = _Results(target, requests)
-    if not results.sendable:
-        return results.finish(None)
-
-    deadline = time.monotonic() + timeout
-    async with channels.aio_channel(target, security) as ch:
-        wait = min(connect_timeout, timeout)
+) -> dict[str, Outcome]:
+    """`verify_batch` for asyncio: the same arguments, outcomes and errors, over `grpc.aio`
+    on a channel of its own (closed before returning, or when cancelled)."""
+    call = _Call(
+        target, requests, timeout=timeout, connect_timeout=connect_timeout, security=security
+    )
+    if not call.sendable:
+        return call.finish()
+    async with channels.aio_channel(target, security) as channel:
         try:
-            await asyncio.wait_for(ch.channel_ready(), wait)
+            await asyncio.wait_for(channel.channel_ready(), call.connect_wait)
         except asyncio.TimeoutError:
-            return results.finish(_no_connection(target, wait, timeout))
-        stub = verify_pb2_grpc.VerifyServiceStub(ch)
-        call = stub.VerifyStream(
-            _messages(results.sendable),
-            timeout=max(deadline - time.monotonic(), 0.0),
-            metadata=security.metadata(),
-            wait_for_ready=True,
+            call.on_no_connection()
+            return call.finish()
+        messages, left = call.start()
+        stream = verify_pb2_grpc.VerifyServiceStub(channel).VerifyStream(
+            messages, timeout=left, metadata=call.metadata, wait_for_ready=True
         )
-        call_failure = None
         try:
-            async for message in call:
-                for result in message.results:
-                    results.add(result)
+            async for message in stream:
+                call.on_message(message)
         except ProtocolError:
-            call.cancel()
+            stream.cancel()
             raise
         except grpc.RpcError as error:
-            call_failure = Failure.from_rpc_error(error)
-        return results.finish(call_failure)
+            call.on_error(error)
+        return call.finish()

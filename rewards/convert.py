@@ -25,11 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_gym_grpc.rewards.client import Failure, Outcome
+from nemo_gym_grpc.rewards.outcomes import INVALID_ITEM, Failure, Outcome
 from nemo_gym_grpc.v1 import verify_pb2
-
-# The bridge's reason for an item it cannot turn into a `/verify` call.
-INVALID_ITEM = "INVALID_ITEM"
 
 
 class InvalidText(ValueError):
@@ -152,9 +149,8 @@ def resources_server_name(ref: Any) -> str:
     A missing, empty or malformed ref (not a dict, no string `name`) gives "" (`build_batch`
     fails that item with INVALID_ARGUMENT naming the expected shape).
     """
-    if isinstance(ref, Mapping) and isinstance(ref.get("name"), str):
-        return ref["name"]
-    return ""
+    name = ref.get("name") if isinstance(ref, Mapping) else None
+    return name if isinstance(name, str) else ""
 
 
 def row_json(extra: Any, index: int) -> str:
@@ -182,34 +178,37 @@ class Batch:
 
     Attributes:
         size: the number of input items (completions).
-        requests: the items to send, in input order; `request_id` is f"{batch_id}-{index}"
-            with `index` the item's input position.
-        positions: the input position of each of `requests`.
+        batch_id: unique per call; item `index` (its input position) has the request_id
+            `request_id(index)`, f"{batch_id}-{index}".
+        requests: the items to send, in input order.
         rejected: input position -> local failure (INVALID_ARGUMENT / INVALID_ITEM) of each
-            item that was not sent because its text is not valid Unicode.
+            item that was not sent (no server name, or text that is not valid Unicode).
     """
 
     size: int
+    batch_id: str
     requests: list[verify_pb2.VerifyRequest] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
     rejected: dict[int, Failure] = field(default_factory=dict)
 
-    def outcomes(self, sent: Sequence[Outcome]) -> list[Outcome]:
-        """One outcome per input item, in input order: `sent` (one per `requests`, in that
-        order) put back at their positions, and the rejected items' failures.
+    def request_id(self, index: int) -> str:
+        """The request_id of the item at input position `index`."""
+        return f"{self.batch_id}-{index}"
+
+    def outcomes(self, sent: Mapping[str, Outcome]) -> list[Outcome]:
+        """One outcome per input item, in input order: the rejected items' failures, and for
+        the others `sent[request_id]` (from `client.verify_batch`).
 
         Raises:
-            ValueError: `sent` does not have exactly one outcome per request.
+            ValueError: `sent` has no outcome for a request of this batch.
         """
-        if len(sent) != len(self.requests):
-            raise ValueError(f"{len(sent)} outcomes for {len(self.requests)} requests")
-        outcomes: list[Outcome | None] = [None] * self.size
-        for position, outcome in zip(self.positions, sent, strict=True):
-            outcomes[position] = outcome
-        for position, failure in self.rejected.items():
-            outcomes[position] = failure
-        assert all(o is not None for o in outcomes), "an item has no outcome"
-        return outcomes  # type: ignore[return-value]
+        outcomes: list[Outcome] = []
+        for index in range(self.size):
+            rejected = self.rejected.get(index)
+            outcome = rejected if rejected is not None else sent.get(self.request_id(index))
+            if outcome is None:
+                raise ValueError(f"no outcome for request_id {self.request_id(index)!r}")
+            outcomes.append(outcome)
+        return outcomes
 
 
 def _check_length(name: str, values: Sequence[Any], count: int) -> None:
@@ -266,7 +265,7 @@ def build_batch(
     if verify_extras is not None:
         _check_length("verify_extra", verify_extras, count)
 
-    batch = Batch(size=count)
+    batch = Batch(size=count, batch_id=batch_id)
     for index, completion in enumerate(completions):
         text = completion_text(completion)
         prompt = prompt_messages(prompts[index] if prompts is not None else None)
@@ -297,7 +296,7 @@ def build_batch(
             continue
         batch.requests.append(
             verify_pb2.VerifyRequest(
-                request_id=f"{batch_id}-{index}",
+                request_id=batch.request_id(index),
                 resources_server=server,
                 prompt=messages,
                 completion=text,
@@ -307,5 +306,4 @@ def build_batch(
                 include_reply=include_reply,
             )
         )
-        batch.positions.append(index)
     return batch

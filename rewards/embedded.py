@@ -7,7 +7,7 @@ When no bridge target is configured (`NEMO_GYM_GRPC_TARGET` unset), the reward f
         --exit-with-parent [--head-url URL] [--server NAME=BASE_URL ...]
         [--verify-timeout SECONDS]
 
-and waits (at most `NEMO_GYM_GRPC_STARTUP_TIMEOUT` seconds, default 60) until the bridge has
+and waits (at most `NEMO_GYM_GRPC_STARTUP_TIMEOUT` seconds) until the bridge has
 written "host:port" to the ready file (it does so atomically once serving). Later calls with
 the same `BridgeSpec` reuse it; a bridge that has exited is replaced on the next call. Each
 bridge is stopped at interpreter exit: SIGTERM to its recorded PID (the bridge then drains
@@ -15,8 +15,8 @@ gracefully), a wait, then SIGKILL. Nothing is ever signalled by name. If this pr
 without running its exit handlers (SIGKILL, os._exit), `--exit-with-parent` makes the bridge
 notice within about a second and stop by itself.
 
-The bridge inherits this process's environment as it is when the bridge starts, so with
-`NEMO_GYM_GRPC_TOKEN` set it requires that token (which the reward functions send).
+The bridge inherits this process's environment as it is when the bridge starts (so the
+token of `settings.py` too).
 
 The bridge runs in the caller's process group (so a signal to the whole job reaches it too),
 with its working directory in a private temporary folder that also holds the ready file and
@@ -111,7 +111,6 @@ class EmbeddedBridge:
         process: the `subprocess.Popen` (its `pid` is what `stop` signals).
         target: "host:port" it serves on.
         workdir: private folder with `ready` and `bridge.log`.
-        owner_pid: the pid of the process that started it.
     """
 
     def __init__(
@@ -121,7 +120,6 @@ class EmbeddedBridge:
         self.process = process
         self.target = target
         self.workdir = workdir
-        self.owner_pid = os.getpid()
 
     @classmethod
     def start(cls, spec: BridgeSpec, startup_timeout: float) -> EmbeddedBridge:
@@ -202,19 +200,20 @@ class EmbeddedBridge:
 
 
 _lock = threading.Lock()
-_owner_pid = os.getpid()
 _bridges: dict[BridgeSpec, EmbeddedBridge] = {}
 # Bridges inherited over fork: the parent's, kept referenced and never touched.
 _inherited: list[EmbeddedBridge] = []
 _atexit_registered = False
 
 
-def _forget_inherited() -> None:
-    global _owner_pid
-    if os.getpid() != _owner_pid:
-        _inherited.extend(_bridges.values())
-        _bridges.clear()
-        _owner_pid = os.getpid()
+def _forget_after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    _inherited.extend(_bridges.values())
+    _bridges.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def ensure_bridge(spec: BridgeSpec) -> str:
@@ -229,7 +228,6 @@ def ensure_bridge(spec: BridgeSpec) -> str:
     """
     global _atexit_registered
     with _lock:
-        _forget_inherited()
         bridge = _bridges.get(spec)
         if bridge is not None and not bridge.running:
             log.warning(
@@ -254,7 +252,6 @@ def ensure_bridge(spec: BridgeSpec) -> str:
 def running_bridges() -> dict[BridgeSpec, EmbeddedBridge]:
     """A snapshot of this process's embedded bridges, by spec."""
     with _lock:
-        _forget_inherited()
         return dict(_bridges)
 
 
@@ -265,7 +262,6 @@ def stop_all(grace: float = STOP_GRACE) -> None:
     Bridges a parent process started (inherited over fork) are left alone.
     """
     with _lock:
-        _forget_inherited()
         bridges = list(_bridges.values())
         _bridges.clear()
     for bridge in bridges:

@@ -3,13 +3,14 @@
 Same names and call shapes as axolotl's `axolotl.integrations.nemo_gym.rewards`, which these
 replace. A reward function gets `completions`, `prompts` and every dataset column as keyword
 arguments (one value per completion) and returns one value per completion, in input order:
-the reward (float), or for an item that could not be scored what the `on_error` policy says
-(default None, which TRL reads as NaN and leaves out of the mean; see `policy.py`). More than
-`max_failure_fraction` (default half) of a call failing raises `ScoringError`.
+the reward (float), or for an item that could not be scored what the failure policy says
+(`policy.py`: None by default, or 0.0, or `ScoringError`).
 
 One call = one `VerifyStream` RPC carrying the whole batch. The `*_async` forms do the same
 over `grpc.aio` for TRL's async reward path. When TRL passes `log_metric` / `log_extra`, the
-per-item extras (failures, reward components, numeric reply fields) go to them (`extras.py`).
+per-item extras (failures, reward components, numeric reply fields) go to them
+(`trl_logging.py`). Settings not given as keywords come from environment variables, read at
+each call: see `settings.py`.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_gym_grpc.rewards import channels, client, convert, embedded, extras, policy, settings
+from nemo_gym_grpc.rewards import channels, client, convert, embedded, policy, settings, trl_logging
+from nemo_gym_grpc.rewards.outcomes import Outcome
 
 # The `model` the seed's reward_nemo_gym_verify wrote into its Responses object.
 SEED_MODEL = "axolotl"
 
 
-def reward_env(completions, prompts=None, **kwargs):
+def reward_env(
+    completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+) -> list[float | None]:
     """Passthrough of a reward computed elsewhere (NeMo Gym agent `/run`, multi-turn).
 
     Reads the `env_reward` keyword argument (injected per sample by axolotl's NeMo Gym data
@@ -53,7 +57,9 @@ def reward_env(completions, prompts=None, **kwargs):
     return [0.0 for _ in completions]
 
 
-def reward_nemo_gym_verify(completions, prompts=None, **kwargs):
+def reward_nemo_gym_verify(
+    completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+) -> list[float | None]:
     """Score each completion with its NeMo Gym resources server's `/verify` (single-turn).
 
     Load it by dotted path (`nemo_gym_grpc.rewards.reward_nemo_gym_verify`, e.g. in axolotl's
@@ -72,23 +78,13 @@ def reward_nemo_gym_verify(completions, prompts=None, **kwargs):
             the row's own `responses_create_params` is used).
         log_metric, log_extra: keyword, optional: TRL's callbacks; given, they receive the
             failed fraction, latency, `reward_components` and numeric reply fields
-            (see `nemo_gym_grpc.rewards.extras`).
+            (see `nemo_gym_grpc.rewards.trl_logging`).
         **kwargs: other dataset columns and TRL arguments, ignored.
 
-    Settings, read from the environment at each call:
-        `NEMO_GYM_GRPC_TARGET` (gRPC target of a running bridge: "host:port", or several,
-        "ipv4:A:P,B:P" / "dns:///name:port", balanced round robin); unset: an embedded
-        bridge started on first use, discovering resources servers from the head server at
-        `NEMO_GYM_HEAD_URL` (default http://127.0.0.1:11000).
-        `NEMO_GYM_GRPC_CA` (TLS), `NEMO_GYM_GRPC_CLIENT_CERT` / `NEMO_GYM_GRPC_CLIENT_KEY`
-        (mTLS), `NEMO_GYM_GRPC_TOKEN` (bearer token on every call; a wrong or missing one
-        fails the items with UNAUTHENTICATED). See `nemo_gym_grpc.rewards.channels`.
-        `NEMO_GYM_GRPC_BATCH_TIMEOUT` (600 s): deadline of the whole call.
-        `NEMO_GYM_GRPC_CONNECT_TIMEOUT` (60 s): wait for a connection to the bridge.
-        `NEMO_GYM_GRPC_ON_ERROR` (none | zero | raise) and
-        `NEMO_GYM_GRPC_MAX_FAILURE_FRACTION` (0.5): the failure policy (`policy.py`).
-        Per-item `/verify` timeout: the bridge's default (30 s unless set otherwise). The
-        Responses object carries model "axolotl", as in the seed.
+    Settings: the environment variables of `nemo_gym_grpc.rewards.settings` (target, TLS,
+    token, head server, timeouts, failure policy), read at each call. Per-item `/verify`
+    timeout: the bridge's default. The Responses object carries model "axolotl", as in the
+    seed.
 
     Returns:
         list[float | None], one per completion, in input order: the reward, or for a failed
@@ -102,12 +98,14 @@ def reward_nemo_gym_verify(completions, prompts=None, **kwargs):
             `NEMO_GYM_GRPC_CA` file).
         TypeError: a completion, prompt or row has an unusable shape.
         RuntimeError: the embedded bridge could not be started.
-        client.ProtocolError: the bridge's results do not match the items sent.
+        outcomes.ProtocolError: the bridge's results do not match the items sent.
     """
     return _score(_VERIFY, completions, prompts, kwargs)
 
 
-async def reward_nemo_gym_verify_async(completions, prompts=None, **kwargs):
+async def reward_nemo_gym_verify_async(
+    completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+) -> list[float | None]:
     """`reward_nemo_gym_verify` as a coroutine function, for TRL's async reward path.
 
     TRL (1.8 and newer) runs `async def` reward functions on its own event loop, alongside
@@ -141,6 +139,9 @@ def create_nemo_gym_reward_fn(
 ) -> Callable[..., list[float | None]] | Callable[..., Awaitable[list[float | None]]]:
     """A reward function bound to explicit `/verify` endpoints (axolotl's plugin uses this).
 
+    Keyword-only settings left None take their environment variable (`settings.py`) at each
+    call.
+
     Args:
         global_config: NeMo Gym's global config dict; accepted for signature compatibility
             with axolotl and not read (routing comes from `verify_endpoints`).
@@ -150,19 +151,17 @@ def create_nemo_gym_reward_fn(
         verify_timeout: seconds per upstream `/verify` call (sent with every item, and the
             embedded bridge's default).
         target: keyword-only: gRPC target of a running bridge (TLS and token from the
-            env vars of `reward_nemo_gym_verify`). Default: the
-            `NEMO_GYM_GRPC_TARGET` env var at call time; if that is unset too, an embedded
+            environment). Default: `NEMO_GYM_GRPC_TARGET`; if that is unset too, an embedded
             bridge routing exactly `verify_endpoints` (`--server NAME=BASE_URL` each, no head
             server discovery) is started on first use. A running bridge routes by its own
             table; `verify_endpoints` then only serve the embedded case.
-        batch_timeout: keyword-only: gRPC deadline in seconds for one call's batch; default
-            `NEMO_GYM_GRPC_BATCH_TIMEOUT` at call time (600 s).
-        on_error: keyword-only: "none" (a failed item gives None), "zero" (0.0, as axolotl's
-            functions did) or "raise" (the call raises `ScoringError`); default
-            `NEMO_GYM_GRPC_ON_ERROR` at call time, else "none".
+        batch_timeout: keyword-only: gRPC deadline in seconds for one call's batch
+            (`NEMO_GYM_GRPC_BATCH_TIMEOUT`).
+        on_error: keyword-only: "none", "zero" or "raise" (`policy.py`;
+            `NEMO_GYM_GRPC_ON_ERROR`).
         max_failure_fraction: keyword-only: the call raises `ScoringError` when more than
-            this fraction (0..1) of its items failed, whatever `on_error` says; 1 disables
-            the guard. Default `NEMO_GYM_GRPC_MAX_FAILURE_FRACTION` at call time, else 0.5.
+            this fraction (0..1) of its items failed (`policy.py`;
+            `NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`).
         asynchronous: keyword-only: return a coroutine function (grpc.aio; for TRL's async
             reward path, see `reward_nemo_gym_verify_async`) instead of a plain one.
 
@@ -196,20 +195,28 @@ def create_nemo_gym_reward_fn(
         ),
     )
 
-    if asynchronous:
+    return _bound_async(scorer) if asynchronous else _bound(scorer)
 
-        async def nemo_gym(completions, prompts=None, **kwargs):
-            """NeMo Gym `/verify` rewards for the bound endpoints (coroutine, grpc.aio); see
-            `create_nemo_gym_reward_fn` and `reward_nemo_gym_verify`. Returns
-            list[float | None] in input order."""
-            return await _score_async(scorer, completions, prompts, kwargs)
 
-        return nemo_gym
-
-    def nemo_gym(completions, prompts=None, **kwargs):
+def _bound(scorer: _Scorer) -> Callable[..., list[float | None]]:
+    def nemo_gym(
+        completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[float | None]:
         """NeMo Gym `/verify` rewards for the bound endpoints; see `create_nemo_gym_reward_fn`
         and `reward_nemo_gym_verify`. Returns list[float | None] in input order."""
         return _score(scorer, completions, prompts, kwargs)
+
+    return nemo_gym
+
+
+def _bound_async(scorer: _Scorer) -> Callable[..., Awaitable[list[float | None]]]:
+    async def nemo_gym(
+        completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[float | None]:
+        """NeMo Gym `/verify` rewards for the bound endpoints (coroutine, grpc.aio); see
+        `create_nemo_gym_reward_fn` and `reward_nemo_gym_verify`. Returns
+        list[float | None] in input order."""
+        return await _score_async(scorer, completions, prompts, kwargs)
 
     return nemo_gym
 
@@ -227,10 +234,10 @@ class _Scorer:
     batch_timeout: float | None = None
     on_error: str | None = None
     max_failure_fraction: float | None = None
-    extras_log: extras.ExtrasLog = field(init=False)
+    extras_log: trl_logging.ExtrasLog = field(init=False)
 
     def __post_init__(self) -> None:
-        self.extras_log = extras.ExtrasLog(self.name)
+        self.extras_log = trl_logging.ExtrasLog(self.name)
 
     def prepare(self, completions: Sequence[Any], prompts: Any, kwargs: Mapping[str, Any]) -> _Job:
         """Validate the arguments and settings and build the batch (no I/O)."""
@@ -243,29 +250,28 @@ class _Scorer:
             model=self.model,
             timeout_seconds=self.timeout_seconds,
             batch_id=batch_id,
-            include_reply=extras.wanted(kwargs),
+            include_reply=trl_logging.wanted(kwargs),
         )
-        target = self.target or settings.target()
+        target = self.target or settings.target()  # `resolve` for a setting that may be None
         return _Job(
             batch=batch,
-            batch_id=batch_id,
             target=target,
             # TLS applies to a configured target; an embedded bridge is plaintext on loopback
-            security=channels.Security.from_env(tls=target is not None),
-            deadline=(
-                settings.batch_timeout() if self.batch_timeout is None else self.batch_timeout
-            ),
+            security=settings.security(tls=target is not None),
+            batch_timeout=settings.resolve(self.batch_timeout, settings.batch_timeout),
             connect_timeout=settings.connect_timeout(),
-            on_error=self.on_error or settings.on_error(),
-            max_failure_fraction=(
-                settings.max_failure_fraction()
-                if self.max_failure_fraction is None
-                else self.max_failure_fraction
+            on_error=settings.resolve(self.on_error, settings.on_error),
+            max_failure_fraction=settings.resolve(
+                self.max_failure_fraction, settings.max_failure_fraction
             ),
         )
 
     def finish(
-        self, job: _Job, bridge: str | None, sent: Sequence[client.Outcome], kwargs: Mapping
+        self,
+        job: _Job,
+        target: str | None,
+        sent: Mapping[str, Outcome],
+        kwargs: Mapping[str, Any],
     ) -> list[float | None]:
         """Rewards in input order under the failure policy; extras to TRL's callbacks."""
         outcomes = job.batch.outcomes(sent)
@@ -273,7 +279,7 @@ class _Scorer:
             outcomes,
             on_error=job.on_error,
             max_failure_fraction=job.max_failure_fraction,
-            where=f"bridge {bridge or '(none: nothing sendable)'}, batch {job.batch_id}",
+            where=f"bridge {target or '(none: nothing sendable)'}, batch {job.batch.batch_id}",
         )
         self.extras_log.emit(outcomes, kwargs)
         return rewards
@@ -282,10 +288,9 @@ class _Scorer:
 @dataclass
 class _Job:
     batch: convert.Batch
-    batch_id: str
     target: str | None
     security: channels.Security
-    deadline: float
+    batch_timeout: float
     connect_timeout: float
     on_error: str
     max_failure_fraction: float
@@ -307,17 +312,18 @@ def _score(
     job = scorer.prepare(completions, prompts, kwargs)
     if not job.batch.size:
         return []
-    bridge, sent = None, []
+    target: str | None = None
+    sent: Mapping[str, Outcome] = {}
     if job.batch.requests:
-        bridge = job.target or embedded.ensure_bridge(scorer.spec())
+        target = job.target or embedded.ensure_bridge(scorer.spec())
         sent = client.verify_batch(
-            bridge,
+            target,
             job.batch.requests,
-            timeout=job.deadline,
+            timeout=job.batch_timeout,
             connect_timeout=job.connect_timeout,
             security=job.security,
         )
-    return scorer.finish(job, bridge, sent, kwargs)
+    return scorer.finish(job, target, sent, kwargs)
 
 
 async def _score_async(
@@ -327,14 +333,17 @@ async def _score_async(
     job = scorer.prepare(completions, prompts, kwargs)
     if not job.batch.size:
         return []
-    bridge, sent = None, []
+    target: str | None = None
+    sent: Mapping[str, Outcome] = {}
     if job.batch.requests:
-        bridge = job.target or await asyncio.to_thread(embedded.ensure_bridge, scorer.spec())
+        target = job.target
+        if target is None:
+            target = await asyncio.to_thread(embedded.ensure_bridge, scorer.spec())
         sent = await client.verify_batch_async(
-            bridge,
+            target,
             job.batch.requests,
-            timeout=job.deadline,
+            timeout=job.batch_timeout,
             connect_timeout=job.connect_timeout,
             security=job.security,
         )
-    return scorer.finish(job, bridge, sent, kwargs)
+    return scorer.finish(job, target, sent, kwargs)

@@ -2,17 +2,17 @@
 
 Rows (NeMo Gym dataset rows with the `response` a rollout saved; see `scorefile.py`) are read
 lazily and sent in batches of `--batch-size` rows, each batch one `VerifyStream` call, at most
-`--concurrency` calls at once, to a running bridge (`--target`, or env
-`NEMO_GYM_GRPC_TARGET`; TLS and token from the env vars of `channels.py`) or to an embedded
-one that discovers servers from `--head-url` (`embedded.py`). Finished batches wait in a
+`--concurrency` calls at once, to a running bridge (`--target`; TLS and token from the
+environment, `settings.py`) or to an embedded one that discovers servers from `--head-url`
+(`embedded.py`). Everything runs on one asyncio event loop. Finished batches wait in a
 reorder buffer (at most 2 x `--concurrency` batches) and are appended to OUT strictly in input
 order and flushed, so OUT is always the records of an input prefix:
 
 - resume: running the same command again skips the rows already in OUT (checked by line
   number and hash) and appends the rest; a last line cut short by a crash is dropped first;
-- Ctrl-C (SIGINT) or SIGTERM: stop sending, keep every batch that finished in order, close
-  the channel (the bridge cancels what was in flight), print the summary, exit 130; a
-  second Ctrl-C aborts at once (OUT is still a valid prefix);
+- Ctrl-C (SIGINT) or SIGTERM: stop sending, keep every batch that finished in order, cancel
+  the calls in flight (the bridge cancels their `/verify` calls), print the summary, exit
+  130; a second Ctrl-C aborts at once (OUT is still a valid prefix);
 - a call that fails as a whole (no connection, deadline, bridge restarting) is retried for
   the items it left unanswered (3 attempts in all for UNAVAILABLE, DEADLINE_EXCEEDED and
   RESOURCE_EXHAUSTED); if it still fails, or fails otherwise (e.g. UNAUTHENTICATED), the run
@@ -27,19 +27,18 @@ scored, mean reward, failures by cause) to stdout, covering all of OUT.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
-import math
 import os
 import signal
 import sys
-import threading
-from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from nemo_gym_grpc.rewards import channels, client, embedded, scorefile, settings
-from nemo_gym_grpc.rewards.client import Failure
+from nemo_gym_grpc.rewards.outcomes import Failure, Outcome, ProtocolError
 
 CALL_ATTEMPTS = 3
 RETRYABLE_CALL_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
@@ -47,93 +46,11 @@ EXIT_INTERRUPTED = 130
 
 log = logging.getLogger(__name__)
 
+Record = dict[str, Any]
+
 
 class CallFailed(RuntimeError):
     """A batch's call failed as a whole and retrying did not help; the run stops."""
-
-
-class _Stopped(Exception):
-    """The run was asked to stop while this batch was being scored."""
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (bad values exit 2 with a message naming the flag)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _finite(text: str, at_least: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0 or (value == 0 and at_least == "> 0"):
-        raise argparse.ArgumentTypeError(f"expected a finite number {at_least}, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0 (e.g. seconds where 0 makes no sense)."""
-    return _finite(text, "> 0")
-
-
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite number >= 0 (for options where 0 has a meaning of its own)."""
-    return _finite(text, ">= 0")
-
-
-def add_score_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register the `score` subcommand on the `nemo-gym-grpc` parser's subparsers."""
-    cmd = commands.add_parser(
-        "score",
-        help="score a JSONL file of NeMo Gym rows with saved responses (rollouts)",
-        description=__doc__.split("\n\n")[0],
-    )
-    cmd.add_argument("rows", type=Path, help="input JSONL: NeMo Gym rows with `response`")
-    cmd.add_argument(
-        "-o", "--output", type=Path, required=True, help="output JSONL (appended; resumable)"
-    )
-    cmd.add_argument(
-        "--server",
-        metavar="NAME",
-        help="resources server for rows without resources_server_ref.name",
-    )
-    where = cmd.add_mutually_exclusive_group()
-    where.add_argument(
-        "--target",
-        help=f"gRPC target of a running bridge (default: env {settings.TARGET_ENV}; "
-        "unset = start an embedded bridge)",
-    )
-    where.add_argument(
-        "--head-url",
-        help="NeMo Gym head server for an embedded bridge "
-        f"(default: env {settings.HEAD_URL_ENV}, else {settings.DEFAULT_HEAD_URL})",
-    )
-    cmd.add_argument(
-        "--batch-size", type=positive_int, default=64, help="rows per call (default 64)"
-    )
-    cmd.add_argument(
-        "--concurrency", type=positive_int, default=4, help="calls in flight at once (default 4)"
-    )
-    cmd.add_argument(
-        "--timeout",
-        type=non_negative_float,
-        default=0.0,
-        help="seconds per /verify (default 0 = the bridge's --verify-timeout)",
-    )
-    cmd.add_argument(
-        "--batch-timeout",
-        type=positive_float,
-        help=f"gRPC deadline of one call in seconds (default: env {settings.BATCH_TIMEOUT_ENV}, "
-        "else 600)",
-    )
-    cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return cmd
 
 
 def _chunks(rows: Iterator[scorefile.Row], size: int) -> Iterator[list[scorefile.Row]]:
@@ -148,11 +65,11 @@ def _chunks(rows: Iterator[scorefile.Row], size: int) -> Iterator[list[scorefile
 
 
 class FileScorer:
-    """One run over the pending rows: batches out, records appended to OUT in order.
+    """One run over the pending rows, on the running event loop: batches out, records
+    appended to OUT in input order.
 
     Args:
-        connection: the channel to the bridge; `run` closes it (cancelling the calls in
-            flight) when it returns.
+        target: the bridge's gRPC target.
         security: token (and TLS files) for each call.
         batch_timeout, connect_timeout: seconds (see `client.verify_batch`).
         concurrency: calls in flight at once.
@@ -161,141 +78,116 @@ class FileScorer:
 
     def __init__(
         self,
-        connection: channels.Connection,
+        target: str,
         security: channels.Security,
         *,
         batch_timeout: float,
         connect_timeout: float,
         concurrency: int,
-        stop: threading.Event,
+        stop: asyncio.Event,
     ) -> None:
-        self.connection = connection
+        self.target = target
         self.security = security
         self.batch_timeout = batch_timeout
         self.connect_timeout = connect_timeout
         self.concurrency = concurrency
         self.stop = stop
+        self.calls = asyncio.Semaphore(concurrency)
         self.written = 0
 
-    def score_chunk(self, rows: Sequence[scorefile.Row]) -> list[dict[str, Any]]:
-        """The records of `rows`, in order (runs in a worker thread).
+    async def score_chunk(self, rows: Sequence[scorefile.Row]) -> list[Record]:
+        """The records of `rows`, in order. A call that fails as a whole is retried for the
+        items it left unanswered.
 
         Raises:
             CallFailed: the call kept failing as a whole.
-            _Stopped: the run was stopped meanwhile.
-            client.ProtocolError: the bridge broke the VerifyStream contract.
+            ProtocolError: the bridge broke the VerifyStream contract.
         """
-        outcomes: dict[int, client.Outcome] = {
-            i: row.failure for i, row in enumerate(rows) if row.failure is not None
-        }
-        todo = [i for i, row in enumerate(rows) if row.request is not None]
-        for attempt in range(1, CALL_ATTEMPTS + 1):
-            if not todo:
-                break
-            sent = client.verify_batch(
-                self.connection.target,
-                [rows[i].request for i in todo],
-                timeout=self.batch_timeout,
-                connect_timeout=self.connect_timeout,
-                security=self.security,
-                connection=self.connection,
-            )
-            again: list[int] = []
-            failure: Failure | None = None
-            for i, outcome in zip(todo, sent, strict=True):
-                if isinstance(outcome, Failure) and outcome.whole_call:
-                    again.append(i)
-                    failure = outcome
-                else:
-                    outcomes[i] = outcome
-            todo = again
-            if failure is None:
-                break
-            if self.stop.is_set() or self.connection.closed:
-                raise _Stopped
-            if failure.code not in RETRYABLE_CALL_CODES or attempt == CALL_ATTEMPTS:
-                raise CallFailed(
-                    f"a call to the bridge at {self.connection.target} failed as a whole "
-                    f"({attempt} attempt{'s' if attempt > 1 else ''}): {failure.cause}: "
-                    f"{failure.message}"
+        todo = [row.request for row in rows if row.request is not None]
+        outcomes: dict[str, Outcome] = {}
+        async with self.calls:
+            for attempt in range(1, CALL_ATTEMPTS + 1):
+                if not todo:
+                    break
+                sent = await client.verify_batch_async(
+                    self.target,
+                    todo,
+                    timeout=self.batch_timeout,
+                    connect_timeout=self.connect_timeout,
+                    security=self.security,
                 )
-            log.warning(
-                "call failed as a whole (%s); retrying its %d rows", failure.cause, len(todo)
-            )
-            if self.stop.wait(attempt):  # 1 s, then 2 s
-                raise _Stopped
-        return [scorefile.record(row, outcomes[i]) for i, row in enumerate(rows)]
+                failure: Failure | None = None
+                for request_id, outcome in sent.items():
+                    if isinstance(outcome, Failure) and outcome.whole_call:
+                        failure = outcome
+                    else:
+                        outcomes[request_id] = outcome
+                todo = [request for request in todo if request.request_id not in outcomes]
+                if failure is None:
+                    break
+                if failure.code not in RETRYABLE_CALL_CODES or attempt == CALL_ATTEMPTS:
+                    raise CallFailed(
+                        f"a call to the bridge at {self.target} failed as a whole "
+                        f"({attempt} attempt{'s' if attempt > 1 else ''}): {failure.cause}: "
+                        f"{failure.message}"
+                    )
+                log.warning(
+                    "call failed as a whole (%s); retrying its %d rows", failure.cause, len(todo)
+                )
+                await asyncio.sleep(attempt)  # 1 s, then 2 s
+        return [scorefile.record(row, row.failure or outcomes[row.request_id]) for row in rows]
 
-    def run(self, rows: Iterator[scorefile.Row], batch_size: int, out, on_write) -> bool:
+    async def run(
+        self,
+        rows: Iterator[scorefile.Row],
+        batch_size: int,
+        out: BinaryIO,
+        on_write: Callable[[list[Record]], None],
+    ) -> bool:
         """Score `rows`, appending records to the binary file `out` in input order.
 
-        `on_write(records)` is called after each flushed write. Returns True when every row
-        was written, False when stopped early. Closes the connection (cancelling what is
-        still in flight) before returning.
+        At most `concurrency` calls are in flight and 2 x `concurrency` batches are started
+        ahead of the first unwritten one. `on_write(records)` is called after each flushed
+        write. Returns True when every row was written, False when stopped early; the calls
+        still in flight are cancelled before it returns.
 
         Raises:
-            CallFailed, client.ProtocolError: from a batch; OUT keeps the prefix before it.
+            CallFailed, ProtocolError: from a batch; OUT keeps the prefix before it.
         """
         chunks = _chunks(rows, batch_size)
-        pending: dict[int, Future] = {}
-        finished: dict[int, list[dict[str, Any]]] = {}
-        next_submit = next_write = 0
+        started: deque[asyncio.Task[list[Record]]] = deque()  # in input order
+        stopped = asyncio.ensure_future(self.stop.wait())
         exhausted = False
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="score")
         try:
             while True:
-                while (
-                    not exhausted
-                    and not self.stop.is_set()
-                    and len(pending) < self.concurrency
-                    and next_submit - next_write < 2 * self.concurrency
-                ):
+                while not exhausted and not self.stop.is_set():
+                    if len(started) == 2 * self.concurrency:
+                        break
                     chunk = next(chunks, None)
                     if chunk is None:
                         exhausted = True
-                        break
-                    pending[next_submit] = pool.submit(self.score_chunk, chunk)
-                    next_submit += 1
-                stopping = self.stop.is_set()
-                for index, future in list(pending.items()):
-                    if future.done():
-                        del pending[index]
-                        try:
-                            finished[index] = future.result()
-                        except _Stopped:
-                            stopping = True
-                while next_write in finished:
-                    records = finished.pop(next_write)
+                    else:
+                        started.append(asyncio.create_task(self.score_chunk(chunk)))
+                if exhausted and not started:
+                    return True
+                await asyncio.wait([*started, stopped], return_when=asyncio.FIRST_COMPLETED)
+                for task in started:
+                    error = task.exception() if task.done() else None
+                    if error is not None:
+                        raise error
+                while started and started[0].done():
+                    records = started.popleft().result()
                     out.write(b"".join(scorefile.dumps(r) for r in records))
                     out.flush()
                     self.written += len(records)
                     on_write(records)
-                    next_write += 1
-                if stopping:
+                if self.stop.is_set():
                     return False
-                if exhausted and not pending:
-                    return True
-                wait(list(pending.values()), timeout=0.25, return_when=FIRST_COMPLETED)
         finally:
-            self.connection.close()  # cancels whatever is still in flight
-            pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _install_stop_handlers(stop: threading.Event) -> dict[int, Any]:
-    def handler(signum: int, frame: object) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-        print(
-            f"\n{signal.Signals(signum).name}: stopping; rows scored so far are kept "
-            "(Ctrl-C again to abort now)",
-            file=sys.stderr,
-        )
-
-    previous = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, handler)
-    return previous
+            stopped.cancel()
+            for task in started:
+                task.cancel()
+            await asyncio.gather(stopped, *started, return_exceptions=True)
 
 
 def _output_problem(path: Path) -> str | None:
@@ -313,10 +205,14 @@ def _output_problem(path: Path) -> str | None:
 
 
 def run_score(args: argparse.Namespace) -> int:
-    """Run `score` with parsed `args` (see `add_score_command`). Returns the exit status:
-    0 done (per-row failures included), 1 an error (bad input/OUT, no bridge, a call that
-    kept failing), 2 an OUT that cannot be written, 130 stopped by SIGINT/SIGTERM (rerun
-    the same command to resume)."""
+    """Run `score` with the parsed arguments of the `score` parser (bridge/cli.py):
+    `rows`, `output` (Paths), `server`, `target`, `head_url` (str or None), `batch_size`,
+    `concurrency` (int), `timeout` (seconds, 0 = the bridge's), `batch_timeout` (seconds or
+    None), `no_progress` (bool).
+
+    Returns the exit status: 0 done (per-row failures included), 1 an error (bad input/OUT,
+    no bridge, a call that kept failing), 2 an OUT that cannot be written, 130 stopped by
+    SIGINT/SIGTERM (rerun the same command to resume)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     problem = _output_problem(args.output)
     if problem:
@@ -332,73 +228,98 @@ def run_score(args: argparse.Namespace) -> int:
             f"dropped an incomplete last line ({start.dropped_bytes} bytes) from {args.output}",
             file=sys.stderr,
         )
-    summary = start.summary
     status = 0
     if start.done < start.total:
         try:
-            status = _score_rest(args, start)
-        except KeyboardInterrupt:  # a second Ctrl-C
+            status = asyncio.run(_score_rest(args, start))
+        except KeyboardInterrupt:  # a Ctrl-C just before or after the loop's own handlers
             print("aborted", file=sys.stderr)
             status = EXIT_INTERRUPTED
+    summary = start.summary
     print(summary.table())
     print(f"{summary.rows} of {start.total} rows in {args.output} ({summary.failed} failed)")
     return status
 
 
-def _score_rest(args: argparse.Namespace, start: scorefile.Plan) -> int:
-    stop = threading.Event()
-    previous = _install_stop_handlers(stop)
+async def _score_rest(args: argparse.Namespace, start: scorefile.Plan) -> int:
+    """The scoring part of `run_score`, with SIGINT/SIGTERM handled on the event loop: the
+    first stops the run, the second cancels it at once."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    main = asyncio.current_task()
+
+    def on_signal(signum: signal.Signals) -> None:
+        if stop.is_set():
+            if main is not None:
+                main.cancel()
+            return
+        stop.set()
+        print(
+            f"\n{signum.name}: stopping; rows scored so far are kept (Ctrl-C again to abort now)",
+            file=sys.stderr,
+        )
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
-        target = None if args.head_url else (args.target or settings.target())
-        try:
-            security = channels.Security.from_env(tls=target is not None)
-            batch_timeout = settings.batch_timeout()
-            if args.batch_timeout is not None:
-                batch_timeout = args.batch_timeout
-            connect_timeout = settings.connect_timeout()
-            if target is None:
-                head_url = (args.head_url or settings.head_url()).rstrip("/")
-                target = embedded.ensure_bridge(embedded.BridgeSpec(head_url=head_url))
-        except (ValueError, RuntimeError) as exc:
-            print(f"nemo-gym-grpc score: {exc}", file=sys.stderr)
-            return 1
-        connection = channels.Connection(target, security)
-        try:
-            return _score_through(connection, args, start, stop, batch_timeout, connect_timeout)
-        finally:
-            connection.release()  # this process exits soon: see Connection.release
+        return await _connect_and_score(args, start, stop)
+    except asyncio.CancelledError:  # a second signal
+        print("aborted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
-def _score_through(
-    connection: channels.Connection,
-    args: argparse.Namespace,
-    start: scorefile.Plan,
-    stop: threading.Event,
-    batch_timeout: float,
-    connect_timeout: float,
+async def _ready(
+    target: str, security: channels.Security, timeout: float, stop: asyncio.Event
+) -> bool:
+    """True once a channel to `target` is ready; False after `timeout` s or on `stop`."""
+    async with channels.aio_channel(target, security) as channel:
+        waits = [asyncio.ensure_future(channel.channel_ready()), asyncio.ensure_future(stop.wait())]
+        done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        return waits[0] in done
+
+
+async def _connect_and_score(
+    args: argparse.Namespace, start: scorefile.Plan, stop: asyncio.Event
 ) -> int:
     from tqdm import tqdm  # only the score command needs it
 
-    if not connection.wait_ready(connect_timeout):
+    configured = None if args.head_url else (args.target or settings.target())
+    try:
+        security = settings.security(tls=configured is not None)
+        batch_timeout = settings.resolve(args.batch_timeout, settings.batch_timeout)
+        connect_timeout = settings.connect_timeout()
+        if configured is None:
+            head_url = settings.resolve(args.head_url, settings.head_url).rstrip("/")
+            spec = embedded.BridgeSpec(head_url=head_url)
+            target = await asyncio.to_thread(embedded.ensure_bridge, spec)
+        else:
+            target = configured
+    except (ValueError, RuntimeError) as exc:
+        print(f"nemo-gym-grpc score: {exc}", file=sys.stderr)
+        return 1
+    if not await _ready(target, security, connect_timeout, stop):
         if stop.is_set():
             return EXIT_INTERRUPTED
         print(
-            f"nemo-gym-grpc score: no connection to the bridge at {connection.target} within "
+            f"nemo-gym-grpc score: no connection to the bridge at {target} within "
             f"{connect_timeout:g} s ({settings.CONNECT_TIMEOUT_ENV})",
             file=sys.stderr,
         )
         return 1
     print(
         f"scoring {start.total - start.done} rows of {args.rows} through the bridge at "
-        f"{connection.target} ({start.done} already in {args.output})",
+        f"{target} ({start.done} already in {args.output})",
         file=sys.stderr,
     )
     scorer = FileScorer(
-        connection,
-        connection.security,
+        target,
+        security,
         batch_timeout=batch_timeout,
         connect_timeout=connect_timeout,
         concurrency=args.concurrency,
@@ -415,24 +336,24 @@ def _score_through(
         dynamic_ncols=True,
     )
 
-    def on_write(records: list[dict[str, Any]]) -> None:
+    def on_write(records: list[Record]) -> None:
         for rec in records:
             start.summary.add(rec)
         bar.update(len(records))
         bar.set_postfix(failed=start.summary.failed, refresh=False)
 
     try:
-        with open(args.output, "ab") as out:
-            complete = scorer.run(rows, args.batch_size, out, on_write)
-    except (CallFailed, client.ProtocolError, OSError) as exc:
-        bar.close()
+        with open(args.output, "ab") as out:  # noqa: ASYNC230 - small appends, in order
+            complete = await scorer.run(rows, args.batch_size, out, on_write)
+    except (CallFailed, ProtocolError, OSError) as exc:
         print(
             f"nemo-gym-grpc score: stopped: {exc}\n{start.summary.rows} rows are in "
             f"{args.output}; rerun the same command to continue",
             file=sys.stderr,
         )
         return 1
-    bar.close()
+    finally:
+        bar.close()
     if not complete:
         print(
             f"interrupted: {scorer.written} rows scored in this run are kept in "

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -40,12 +39,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_grpc.rewards.client import Failure, Outcome
-from nemo_gym_grpc.rewards.convert import INVALID_ITEM, InvalidText, proto_text
+from nemo_gym_grpc.rewards.convert import InvalidText, proto_text
+from nemo_gym_grpc.rewards.outcomes import (
+    INVALID_ITEM,
+    INVALID_ROW,
+    NO_RESOURCES_SERVER,
+    Failure,
+    Outcome,
+    finite_number,
+)
 from nemo_gym_grpc.v1 import verify_pb2
-
-INVALID_ROW = "INVALID_ROW"
-NO_RESOURCES_SERVER = "NO_RESOURCES_SERVER"
 
 
 class OutputMismatch(ValueError):
@@ -71,7 +74,7 @@ class Row:
     """One input row, ready to send or already failed.
 
     Attributes:
-        line: 1-based input line number (also the request_id).
+        line: 1-based input line number (`request_id` is its text).
         digest: `digest` of the line.
         server: the routing key, or None when there is none.
         request: the `VerifyRequest` to send, or None when `failure` is set.
@@ -86,11 +89,10 @@ class Row:
     failure: Failure | None = None
     previous_reward: float | None = None
 
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+    @property
+    def request_id(self) -> str:
+        """The row's request_id: its line number, as text."""
+        return str(self.line)
 
 
 def parse_row(raw: bytes, line: int, default_server: str | None, timeout_seconds: float) -> Row:
@@ -117,7 +119,7 @@ def parse_row(raw: bytes, line: int, default_server: str | None, timeout_seconds
     ref = data.get("resources_server_ref")
     name = ref.get("name") if isinstance(ref, dict) else None
     row.server = name if isinstance(name, str) and name else default_server
-    row.previous_reward = _number(data.get("reward"))
+    row.previous_reward = finite_number(data.get("reward"))
     response = data.get("response")
     if not isinstance(response, dict):
         row.failure = Failure(
@@ -139,7 +141,7 @@ def parse_row(raw: bytes, line: int, default_server: str | None, timeout_seconds
             return row
         body = {key: value for key, value in data.items() if key != "response"}
         row.request = verify_pb2.VerifyRequest(
-            request_id=str(line),
+            request_id=row.request_id,
             resources_server=server,
             row_json=json.dumps(body),
             response_json=json.dumps(response),

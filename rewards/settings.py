@@ -1,13 +1,24 @@
-"""Environment variables read by the reward functions (at call time, not at import).
+"""Every `NEMO_GYM_*` environment variable the trainer side reads: names, defaults, parsers.
+
+This is the one list; other modules read the variables only through the functions here. Each
+is read at call time (not at import), so a change takes effect on the next reward call. An
+explicit keyword (`create_nemo_gym_reward_fn(...)`) or flag (`score --...`) wins over its
+variable (`resolve`); unset or empty means the default.
 
 - `NEMO_GYM_GRPC_TARGET` (unset): gRPC target of a running bridge ("host:port", or several
   bridges: "ipv4:HOST:PORT,HOST:PORT" / "dns:///NAME:PORT", balanced round robin); unset =
   start an embedded bridge on first use (`embedded.py`).
-- `NEMO_GYM_GRPC_CA`, `NEMO_GYM_GRPC_CLIENT_CERT`, `NEMO_GYM_GRPC_CLIENT_KEY` (unset): PEM
-  paths for TLS to the target (CA set = TLS) and mTLS (client certificate and key).
-- `NEMO_GYM_GRPC_TOKEN` (unset): bearer token sent on every call (`channels.py`).
-- `NEMO_GYM_HEAD_URL` (`http://127.0.0.1:11000`): the NeMo Gym head server that the embedded
-  bridge of `reward_nemo_gym_verify` discovers resources servers from.
+- `NEMO_GYM_GRPC_CA` (unset): path of a PEM CA bundle; set = connect to the target with TLS,
+  trusting that CA.
+- `NEMO_GYM_GRPC_CLIENT_CERT`, `NEMO_GYM_GRPC_CLIENT_KEY` (unset): paths of a PEM client
+  certificate chain and its key, for a bridge started with `--tls-client-ca` (mTLS); both or
+  neither, and they need `NEMO_GYM_GRPC_CA`. TLS applies to a configured target only: an
+  embedded bridge listens in plaintext on loopback.
+- `NEMO_GYM_GRPC_TOKEN` (unset): bearer token sent as `authorization: Bearer <token>` on every
+  call; a wrong or missing one fails the items with UNAUTHENTICATED. The bridge reads the same
+  variable, so an embedded bridge started with it set requires it.
+- `NEMO_GYM_HEAD_URL` (`http://127.0.0.1:11000`): the NeMo Gym head server that an embedded
+  bridge discovers resources servers from.
 - `NEMO_GYM_GRPC_BATCH_TIMEOUT` (600): gRPC deadline, in seconds, of one batch's
   `VerifyStream` call.
 - `NEMO_GYM_GRPC_CONNECT_TIMEOUT` (60): seconds one batch waits for a connection to the
@@ -23,8 +34,13 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
+
+from nemo_gym_grpc.rewards.channels import Security
+
+T = TypeVar("T")
 
 TARGET_ENV = "NEMO_GYM_GRPC_TARGET"
 HEAD_URL_ENV = "NEMO_GYM_HEAD_URL"
@@ -36,7 +52,7 @@ MAX_FAILURE_FRACTION_ENV = "NEMO_GYM_GRPC_MAX_FAILURE_FRACTION"
 CA_ENV = "NEMO_GYM_GRPC_CA"
 CLIENT_CERT_ENV = "NEMO_GYM_GRPC_CLIENT_CERT"
 CLIENT_KEY_ENV = "NEMO_GYM_GRPC_CLIENT_KEY"
-TOKEN_ENV = "NEMO_GYM_GRPC_TOKEN"  # the bridge reads the same name
+TOKEN_ENV = "NEMO_GYM_GRPC_TOKEN"  # the bridge reads the same name (bridge/cli.py)
 
 DEFAULT_HEAD_URL = "http://127.0.0.1:11000"  # NeMo Gym's DEFAULT_HEAD_SERVER_PORT
 DEFAULT_BATCH_TIMEOUT = 600.0
@@ -45,6 +61,11 @@ DEFAULT_STARTUP_TIMEOUT = 60.0
 ON_ERROR_CHOICES = ("none", "zero", "raise")
 DEFAULT_ON_ERROR = "none"
 DEFAULT_MAX_FAILURE_FRACTION = 0.5
+
+
+def resolve(explicit: T | None, from_env: Callable[[], T]) -> T:
+    """`explicit` (a keyword or flag) when it is not None, else `from_env()` (its variable)."""
+    return from_env() if explicit is None else explicit
 
 
 def env_text(name: str) -> str | None:
@@ -138,7 +159,7 @@ def check_on_error(value: str, source: str = "on_error") -> str:
     return choice
 
 
-def check_fraction(value: float, source: str = "max_failure_fraction") -> float:
+def check_fraction(value: float | str, source: str = "max_failure_fraction") -> float:
     """`value` as a float if it is a number in [0, 1].
 
     Raises:
@@ -165,3 +186,44 @@ def max_failure_fraction() -> float:
     if text is None:
         return DEFAULT_MAX_FAILURE_FRACTION
     return check_fraction(text, MAX_FAILURE_FRACTION_ENV)
+
+
+def _read_pem(env: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ValueError(f"{env}={path!r}: cannot read it: {exc.strerror or exc}") from None
+    if b"-----BEGIN" not in data:
+        raise ValueError(f"{env}={path!r} is not a PEM file")
+    return data
+
+
+def security(*, tls: bool = True) -> Security:
+    """`NEMO_GYM_GRPC_TOKEN` and (with `tls`) the TLS files: `NEMO_GYM_GRPC_CA`,
+    `NEMO_GYM_GRPC_CLIENT_CERT`, `NEMO_GYM_GRPC_CLIENT_KEY`. The files are read now, so rotated
+    files take effect on the next call. `tls=False` (an embedded bridge) ignores the TLS ones.
+
+    Raises:
+        ValueError: a file cannot be read or is not PEM; a client certificate without its
+            key (or the reverse) or without a CA; a token with characters gRPC metadata
+            cannot carry (only printable ASCII). The message names the variable.
+    """
+    token = env_text(TOKEN_ENV)
+    if token is not None and not all(" " <= ch <= "~" for ch in token):
+        raise ValueError(f"{TOKEN_ENV} must be printable ASCII")
+    if not tls:
+        return Security(token=token)
+    ca = env_text(CA_ENV)
+    cert = env_text(CLIENT_CERT_ENV)
+    key = env_text(CLIENT_KEY_ENV)
+    if bool(cert) != bool(key):
+        raise ValueError(f"{CLIENT_CERT_ENV} and {CLIENT_KEY_ENV} go together")
+    if cert and not ca:
+        raise ValueError(f"{CLIENT_CERT_ENV} needs {CA_ENV} (TLS)")
+    return Security(
+        ca=_read_pem(CA_ENV, ca) if ca else None,
+        client_cert=_read_pem(CLIENT_CERT_ENV, cert) if cert else None,
+        client_key=_read_pem(CLIENT_KEY_ENV, key) if key else None,
+        token=token,
+    )

@@ -21,7 +21,6 @@ from nemo_gym_servers import start_bridge as run_bridge
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
-    channels,
     embedded,
     reward_nemo_gym_verify,
     reward_nemo_gym_verify_async,
@@ -195,7 +194,7 @@ def test_an_embedded_bridge_inherits_the_token_and_is_plaintext(nemo_gym, pki, e
 def test_bad_security_settings_raise_naming_the_variable(pki, env, values, message):
     env(**{k: pki.get(v, v) for k, v in values.items()})
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        channels.Security.from_env()
+        settings.security()
 
 
 def test_score_command_stops_on_a_refused_token_without_writing_rows(

@@ -11,9 +11,15 @@ bridges that cannot start (real subprocesses).
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -25,11 +31,15 @@ from nemo_gym_servers import closed_port
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
+    channels,
     client,
     create_nemo_gym_reward_fn,
     embedded,
+    outcomes,
     reward_nemo_gym_verify,
     reward_nemo_gym_verify_async,
+    score,
+    scorefile,
     settings,
 )
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
@@ -41,13 +51,26 @@ class ScriptedBridge(verify_pb2_grpc.VerifyServiceServicer):
     echo: reward = the number in the completion, results in reverse order; unknown: one
     result for an id never sent; duplicate: the first item answered twice; short: all but one
     answered, then OK; abort: half answered, then UNAVAILABLE with an ErrorInfo reason;
-    stall: half answered, then nothing until the client gives up.
+    stall: half answered, then nothing until the client gives up (counted in `stalls_ended`).
     """
 
     def __init__(self) -> None:
         self.message_sizes: list[int] = []
+        self.stalls_ended: list[str] = []
+        self.in_flight = self.most_in_flight = 0
+        self.lock = threading.Lock()
 
     def VerifyStream(self, request_iterator, context):
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            yield from self._answer(request_iterator, context)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _answer(self, request_iterator, context):
         items = []
         for message in request_iterator:
             self.message_sizes.append(len(message.items))
@@ -86,6 +109,7 @@ class ScriptedBridge(verify_pb2_grpc.VerifyServiceServicer):
             stopped = threading.Event()
             context.add_callback(stopped.set)
             stopped.wait(60)
+            self.stalls_ended.append(items[0].request_id)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +168,7 @@ def test_results_are_put_back_in_input_order_and_sent_in_messages_of_64(scripted
 )
 def test_results_that_do_not_match_the_items_raise(scripted, mode, match, asynchronous):
     target, _ = scripted
-    with pytest.raises(client.ProtocolError, match=match):
+    with pytest.raises(outcomes.ProtocolError, match=match):
         _call(target, mode, 5, asynchronous)
 
 
@@ -200,6 +224,125 @@ def test_no_bridge_at_the_target_fails_every_item_and_the_guard_raises(
     with caplog.at_level(logging.WARNING, logger="nemo_gym_grpc.rewards"):
         assert _run(reward_fn, **args) == [None, None, None]
     assert "3 of 3 items failed" in caplog.text and "UNAVAILABLE x3" in caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# the transport itself: outcomes keyed by request_id
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_verify_batch_returns_one_outcome_per_request_id(scripted, asynchronous):
+    target, _ = scripted
+    ids = ["a", "too-big", "b", "c"]
+    requests = [
+        verify_pb2.VerifyRequest(request_id=i, resources_server="echo", completion=c)
+        for i, c in zip(ids, ["1", "1" + " " * client.MAX_MESSAGE_BYTES, "2", "3"], strict=True)
+    ]
+    verify = client.verify_batch_async if asynchronous else client.verify_batch
+    sent = verify(target, requests, timeout=30, connect_timeout=10)
+    sent = asyncio.run(sent) if asynchronous else sent
+    assert sorted(sent) == sorted(ids)
+    assert [sent[i].reward for i in ("a", "b", "c")] == [1.0, 2.0, 3.0]
+    assert (sent["too-big"].code, sent["too-big"].reason) == ("INVALID_ARGUMENT", "ITEM_TOO_LARGE")
+    with pytest.raises(ValueError, match="duplicate request_id 'a'"):
+        client.verify_batch(target, requests[:1] * 2, timeout=30, connect_timeout=10)
+
+
+# --------------------------------------------------------------------------------------------
+# the score command's FileScorer (one event loop) against the scripted bridge
+
+
+def _rows(modes: list[str]) -> list[scorefile.Row]:
+    """One score input row per mode (routed to that scripted mode), lines 1..n."""
+    rows = []
+    for line, mode in enumerate(modes, start=1):
+        raw = json.dumps({"resources_server_ref": {"name": mode}, "response": {}}).encode()
+        rows.append(scorefile.parse_row(raw, line, None, 0.0))
+    return rows
+
+
+def _file_scorer(target: str, stop: asyncio.Event) -> score.FileScorer:
+    return score.FileScorer(
+        target,
+        channels.PLAINTEXT,
+        batch_timeout=30,
+        connect_timeout=10,
+        concurrency=2,
+        stop=stop,
+    )
+
+
+def test_a_stopped_run_keeps_the_finished_batches_and_cancels_the_calls_in_flight(scripted):
+    target, servicer = scripted
+    out = io.BytesIO()
+    written: list[int] = []
+    rows = _rows(["echo"] * 4 + ["stall"] * 8)  # batches of 2: two answered, four held
+    ended_before = len(servicer.stalls_ended)
+    servicer.most_in_flight = 0
+
+    async def run_stopped_after_one_second() -> tuple[bool, int]:
+        stop = asyncio.Event()
+        scorer = _file_scorer(target, stop)
+        asyncio.get_running_loop().call_later(1.0, stop.set)
+        complete = await scorer.run(iter(rows), 2, out, lambda r: written.append(len(r)))
+        return complete, scorer.written
+
+    assert asyncio.run(run_stopped_after_one_second()) == (False, 4)
+    assert [json.loads(line)["line"] for line in out.getvalue().splitlines()] == [1, 2, 3, 4]
+    assert written == [2, 2]
+    deadline = time.monotonic() + 10
+    while len(servicer.stalls_ended) < ended_before + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(servicer.stalls_ended) == ended_before + 2  # the bridge saw both cancelled
+    assert servicer.most_in_flight == 2  # --concurrency: the other two held batches waited
+
+
+async def test_a_call_that_keeps_failing_as_a_whole_stops_the_run_after_three_attempts(scripted):
+    target, _ = scripted
+    out = io.BytesIO()
+    scorer = _file_scorer(target, asyncio.Event())
+    with pytest.raises(score.CallFailed, match=r"\(3 attempts\): UNAVAILABLE \(BRIDGE_DRAINING\)"):
+        await scorer.run(iter(_rows(["abort"] * 4)), 4, out, lambda r: None)
+    assert out.getvalue() == b""  # nothing of a failed batch is written
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_sigterm_stops_the_score_command_with_a_valid_prefix(scripted, tmp_path):
+    target, servicer = scripted
+    modes = ["echo"] * 4 + ["stall"] * 4  # batches of 2: two answered, two held
+    rows = "".join(
+        json.dumps({"resources_server_ref": {"name": m}, "response": {}}) + "\n" for m in modes
+    )
+    (tmp_path / "rows.jsonl").write_text(rows)
+    out = tmp_path / "out.jsonl"
+    ended_before = len(servicer.stalls_ended)
+    command = [sys.executable, "-m", "nemo_gym_grpc.bridge", "score", str(tmp_path / "rows.jsonl")]
+    command += ["-o", str(out), "--target", target, "--batch-size", "2", "--no-progress"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(
+            lambda: out.exists() and out.read_bytes().count(b"\n") == 4 and servicer.in_flight == 2,
+            60,
+            "4 rows written and 2 calls held",
+        )
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert "SIGTERM: stopping" in stderr and "Traceback" not in stderr
+    assert [json.loads(line)["line"] for line in out.read_text().splitlines()] == [1, 2, 3, 4]
+    assert "4 of 8 rows in" in stdout
+    _wait_for(lambda: len(servicer.stalls_ended) == ended_before + 2, 10, "cancelled calls")
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,11 +16,12 @@ from nemo_gym_grpc.rewards import (
     client,
     convert,
     create_nemo_gym_reward_fn,
-    extras,
+    outcomes,
     policy,
     reward_env,
     reward_nemo_gym_verify,
     settings,
+    trl_logging,
 )
 from nemo_gym_grpc.v1 import verify_pb2
 
@@ -149,6 +150,11 @@ def _batch(n=2, **overrides):
     return convert.build_batch(**args, model="m", timeout_seconds=7.5, batch_id="b1")
 
 
+def _positions(batch):
+    """The input position of each request, from its request_id."""
+    return [int(r.request_id.removeprefix(f"{batch.batch_id}-")) for r in batch.requests]
+
+
 def test_one_request_per_completion_with_every_field_set():
     batch = _batch(3)
     assert [r.request_id for r in batch.requests] == ["b1-0", "b1-1", "b1-2"]
@@ -160,13 +166,13 @@ def test_one_request_per_completion_with_every_field_set():
     # the whole row, None values included (the bridge drops them)
     assert json.loads(first.row_json) == {"expected_answer": "B", "uuid": None, "n": 1}
     assert not first.responses_create_params_json and not first.response_json
-    assert batch.positions == [0, 1, 2] and not batch.rejected
+    assert _positions(batch) == [0, 1, 2] and not batch.rejected
 
 
 def test_a_missing_or_malformed_ref_fails_its_item_naming_the_shape():
     batch = _batch(3, resources_server_refs=[None, {"name": "mcqa"}, "mcqa"])
     assert [r.resources_server for r in batch.requests] == ["mcqa"]
-    assert batch.positions == [1]
+    assert _positions(batch) == [1]
     assert {i: (f.code, f.reason) for i, f in batch.rejected.items()} == {
         0: ("INVALID_ARGUMENT", "INVALID_ITEM"),
         2: ("INVALID_ARGUMENT", "INVALID_ITEM"),
@@ -206,7 +212,7 @@ def test_text_that_is_not_valid_unicode_fails_its_item_locally_and_is_not_sent()
         prompts=["p", "p", "p", [{"role": "user", "content": "q \udfff"}]],
     )
     assert [r.request_id for r in batch.requests] == ["b1-0", "b1-2"]
-    assert batch.positions == [0, 2]
+    assert _positions(batch) == [0, 2]
     assert batch.requests[1].completion == "pair \U0001f600"  # a pair is joined, not an error
     assert sorted(batch.rejected) == [1, 3]
     failure = batch.rejected[1]
@@ -215,18 +221,21 @@ def test_text_that_is_not_valid_unicode_fails_its_item_locally_and_is_not_sent()
         failure.message
     )
     assert "prompt message 0 content" in batch.rejected[3].message
-    # outcomes are put back in input order, the rejected items' failures included
-    sent = [verify_pb2.VerifyResponse(request_id=r.request_id, reward=7.0) for r in batch.requests]
+    # outcomes are looked up by request_id in input order, the rejected items' failures included
+    sent = {
+        r.request_id: verify_pb2.VerifyResponse(request_id=r.request_id, reward=7.0)
+        for r in batch.requests
+    }
     outcomes = batch.outcomes(sent)
-    assert outcomes[0] is sent[0] and outcomes[2] is sent[1]
+    assert outcomes[0] is sent["b1-0"] and outcomes[2] is sent["b1-2"]
     assert outcomes[1] is batch.rejected[1] and outcomes[3] is batch.rejected[3]
-    with pytest.raises(ValueError, match="1 outcomes for 2 requests"):
-        batch.outcomes(sent[:1])
+    with pytest.raises(ValueError, match="no outcome for request_id 'b1-2'"):
+        batch.outcomes({"b1-0": sent["b1-0"]})
 
 
 def test_a_lone_surrogate_in_the_server_name_or_a_role_fails_the_item():
     batch = _batch(2, resources_server_refs=[{"name": "mc\udc80qa"}, {"name": "mcqa"}])
-    assert list(batch.rejected) == [0] and batch.positions == [1]
+    assert list(batch.rejected) == [0] and _positions(batch) == [1]
     assert "resources_server_ref name" in batch.rejected[0].message
     batch = _batch(1, prompts=[[{"role": "user\ud800", "content": "q"}]])
     assert "prompt message 0 role" in batch.rejected[0].message
@@ -252,8 +261,8 @@ def test_any_text_gives_each_item_exactly_one_outcome(texts):
         prompts=texts,
         verify_extras=[{"expected_answer": t} for t in texts],
     )
-    assert sorted(batch.positions + list(batch.rejected)) == list(range(len(texts)))
-    for request, position in zip(batch.requests, batch.positions, strict=True):
+    assert sorted(_positions(batch) + list(batch.rejected)) == list(range(len(texts)))
+    for request, position in zip(batch.requests, _positions(batch), strict=True):
         parsed = verify_pb2.VerifyRequest.FromString(request.SerializeToString())
         assert json.loads(parsed.row_json) == {"expected_answer": texts[position]}
         assert _utf16(parsed.completion) == _utf16(texts[position])  # same text
@@ -373,7 +382,7 @@ def _outcomes(*rewards):
     for value in rewards:
         if isinstance(value, str):
             code, _, reason = value.partition("/")
-            made.append(client.Failure(code, reason or None, f"{value} happened"))
+            made.append(outcomes.Failure(code, reason or None, f"{value} happened"))
         else:
             made.append(verify_pb2.VerifyResponse(reward=value))
     return made
@@ -453,17 +462,17 @@ def test_item_values_are_components_and_the_servers_own_numeric_reply_fields():
     outcome = verify_pb2.VerifyResponse(
         reward=1.0, reward_components={"format": 1.0}, reply_json=json.dumps(reply)
     )
-    assert extras.item_values(outcome, {"difficulty": 3, "question": "?"}) == {
+    assert trl_logging.item_values(outcome, {"difficulty": 3, "question": "?"}) == {
         "components/format": 1.0,
         "reply/equivalence_score": 0.75,
         "reply/score": 2.0,
     }
-    assert extras.item_values(client.Failure("INTERNAL", None, "x"), None) == {}
-    assert extras.item_values(verify_pb2.VerifyResponse(reply_json="[1]"), None) == {}
+    assert trl_logging.item_values(outcomes.Failure("INTERNAL", None, "x"), None) == {}
+    assert trl_logging.item_values(verify_pb2.VerifyResponse(reply_json="[1]"), None) == {}
 
 
 def test_extras_log_metrics_and_keeps_columns_aligned_across_calls():
-    log = extras.ExtrasLog("fn")
+    log = trl_logging.ExtrasLog("fn")
     metrics, columns = [], []
     kwargs = {
         "log_metric": lambda name, value: metrics.append((name, value)),
@@ -472,7 +481,7 @@ def test_extras_log_metrics_and_keeps_columns_aligned_across_calls():
     first = [
         verify_pb2.VerifyResponse(reward=1.0, reward_components={"a": 1.0}, latency_seconds=0.5),
         verify_pb2.VerifyResponse(reward=0.0, reward_components={"a": 0.0}, latency_seconds=1.5),
-        client.Failure("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", "down"),
+        outcomes.Failure("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", "down"),
         verify_pb2.VerifyResponse(reward=0.0, latency_seconds=1.0),
     ]
     log.emit(first, kwargs)
@@ -494,4 +503,4 @@ def test_extras_log_metrics_and_keeps_columns_aligned_across_calls():
         ("fn/components/a", [None]),
         ("fn/components/b", [2.0]),
     ]
-    assert not extras.wanted({"log_metric": None}) and extras.wanted({"log_extra": print})
+    assert not trl_logging.wanted({"log_metric": None}) and trl_logging.wanted({"log_extra": print})

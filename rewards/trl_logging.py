@@ -18,7 +18,7 @@ columns (`log_extra`), one value per item (None where an item has no such value)
 - `NAME/error`: the failure's cause ("UNAVAILABLE (UPSTREAM_UNAVAILABLE)"), None on success;
 - `NAME/components/C` and `NAME/reply/F`: the item's values.
 
-Reply fields count when they are numbers (int or float, not bool, finite), their name does not
+Reply fields count when they are numbers (`outcomes.finite_number`), their name does not
 start with "_" (NeMo Gym bookkeeping) and is not a key of the item's dataset row (a resources
 server echoes row fields; those are inputs, not results). Columns seen once keep being logged
 (None-filled), so the completions table's columns stay aligned from batch to batch.
@@ -27,21 +27,16 @@ server echoes row fields; those are inputs, not results). Columns seen once keep
 from __future__ import annotations
 
 import json
-import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nemo_gym_grpc.rewards.client import Failure, Outcome
+from nemo_gym_grpc.rewards.outcomes import Failure, Outcome, finite_number
 
 
 def wanted(kwargs: Mapping[str, Any]) -> bool:
     """True when the caller (TRL) passed a `log_metric` or `log_extra` callable."""
     return callable(kwargs.get("log_metric")) or callable(kwargs.get("log_extra"))
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def item_values(outcome: Outcome, row: Any) -> dict[str, float]:
@@ -61,8 +56,9 @@ def item_values(outcome: Outcome, row: Any) -> dict[str, float]:
         row_keys = row.keys() if isinstance(row, Mapping) else ()
         if isinstance(reply, dict):
             for key, value in reply.items():
-                if _is_number(value) and not key.startswith("_") and key not in row_keys:
-                    values[f"reply/{key}"] = float(value)
+                number = finite_number(value)
+                if number is not None and not key.startswith("_") and key not in row_keys:
+                    values[f"reply/{key}"] = number
     return values
 
 

@@ -1,0 +1,104 @@
+"""What one item's scoring came to: a `VerifyResponse`, or a `Failure` saying why not.
+
+Also the reasons (`google.rpc.ErrorInfo.reason`) of the failures the client side decides
+itself, without the bridge: `INVALID_ITEM` and `ITEM_TOO_LARGE` are the bridge's own reasons
+for the same causes (`bridge/errors.py`), the scorefile ones exist on this side only. And
+`finite_number`, the one test of "a number worth reporting" for rows and reply fields.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import cast
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from nemo_gym_grpc.v1 import verify_pb2
+
+# An item that cannot be turned into a `/verify` call (here: no server name, text that is
+# not valid Unicode).
+INVALID_ITEM = "INVALID_ITEM"
+# An item bigger than the gRPC message limit (here: it cannot be sent at all).
+ITEM_TOO_LARGE = "ITEM_TOO_LARGE"
+# `score` input lines: not a JSON object with a `response` object; no route.
+INVALID_ROW = "INVALID_ROW"
+NO_RESOURCES_SERVER = "NO_RESOURCES_SERVER"
+
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+class ProtocolError(RuntimeError):
+    """The bridge broke the VerifyStream contract: a result with an unknown or duplicate
+    `request_id`, or a stream that ended OK without a result for every item. Results are
+    never zipped, broadcast or truncated onto the items, so this is raised instead."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why one item has no reward.
+
+    Attributes:
+        code: canonical gRPC status code name, e.g. "NOT_FOUND", "UNAVAILABLE".
+        reason: `google.rpc.ErrorInfo.reason` when the status carries one (e.g.
+            "UNKNOWN_RESOURCES_SERVER", "UPSTREAM_UNAVAILABLE"), else None.
+        message: human-readable detail (the bridge's or gRPC's message).
+        whole_call: True when the item got no result of its own because the call failed as
+            a whole (no connection, deadline, token refused, channel closed, bridge
+            stopped): the item itself may be fine, and sending it again may score it.
+    """
+
+    code: str
+    reason: str | None
+    message: str
+    whole_call: bool = False
+
+    @property
+    def cause(self) -> str:
+        """Code and reason, e.g. "NOT_FOUND (UNKNOWN_RESOURCES_SERVER)" or "UNAVAILABLE"."""
+        return f"{self.code} ({self.reason})" if self.reason else self.code
+
+    @classmethod
+    def from_status(cls, status: status_pb2.Status) -> Failure:
+        """From a `google.rpc.Status` (a per-item `VerifyResponse.error`, or a call's rich
+        status); the reason is taken from its first `ErrorInfo` detail."""
+        reason = None
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason = info.reason or None
+                break
+        code = _CODE_NAMES.get(status.code, f"CODE_{status.code}")
+        return cls(code, reason, status.message)
+
+    @classmethod
+    def from_rpc_error(cls, error: grpc.RpcError) -> Failure:
+        """From a failed call (the whole stream failed; a sync `grpc.Call` error or a
+        `grpc.aio.AioRpcError`): its code, its rich status's ErrorInfo reason when the server
+        sent one, and its details text. Not yet marked `whole_call`."""
+        has_status = callable(getattr(error, "code", None))
+        code = error.code() if has_status else None
+        details = error.details() if has_status else None
+        try:
+            # a grpc.aio.AioRpcError is no grpc.Call but has the same three methods it reads
+            status = rpc_status.from_call(cast(grpc.Call, error)) if has_status else None
+        except ValueError:  # rich status inconsistent with the call's code/message
+            status = None
+        if status is not None:
+            return cls.from_status(status)
+        return cls(code.name if code is not None else "UNKNOWN", None, details or repr(error))
+
+
+Outcome = verify_pb2.VerifyResponse | Failure
+"""The outcome of one item: a successful `VerifyResponse` (`reward`, `reward_components`,
+...), or a `Failure`."""
+
+
+def finite_number(value: object) -> float | None:
+    """`value` as a float if it is an int or float (not a bool) and finite, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
