@@ -7,6 +7,12 @@ VENV_BIN := $(CURDIR)/.venv/bin
 export PATH := $(VENV_BIN):$(PATH)
 PY := $(VENV_BIN)/python
 DEV := .venv/.installed
+# `make demo` installs only the package (its runtime dependencies; no dev tools, no torch/TRL),
+# marked by its own file, so a later `make dev`/`make test` still installs everything.
+DEMO_DEPS := .venv/.demo
+# How the demo runs, from the repository root. If the demo moves onto a `tests.support`
+# package (import paths from the root), this is the one line to change: `$(PY) -m tests.demo`.
+DEMO_RUN = $(PY) tests/demo.py
 # Include roots for protoc: our protos, googleapis-common-protos (google/rpc/status.proto) and
 # grpcio-tools' bundled well-known types.
 GAPI = $(shell $(PY) -c "import google.rpc, os; print(os.path.dirname(os.path.dirname(list(google.rpc.__path__)[0])))")
@@ -16,8 +22,10 @@ OUT ?= proto
 
 help:
 	@echo "make dev          create .venv with the package and its dev tools"
-	@echo "make demo         score NeMo Gym example rows through the bridge (real servers)"
-	@echo "make test         the whole test suite (real NeMo Gym servers)"
+	@echo "make demo         score NeMo Gym example rows through the bridge (real servers);"
+	@echo "                  installs only the package, no dev tools or torch"
+	@echo "make test         the whole test suite (real NeMo Gym servers); installs everything"
+	@echo "                  fast tier, no NeMo Gym servers: .venv/bin/python -m pytest -m 'not nemo_gym'"
 	@echo "make proto        regenerate Python code from $(PROTOS)"
 	@echo "make proto-check  fail if the committed generated code is stale"
 	@echo "make lint         ruff, buf lint and mypy (make typecheck: mypy alone)"
@@ -63,8 +71,14 @@ typecheck: $(DEV)
 test: $(DEV)
 	$(PY) -m pytest
 
-demo: $(DEV)
-	$(PY) tests/demo.py
+$(DEMO_DEPS): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+demo: $(DEMO_DEPS)
+	$(DEMO_RUN)
 
 # Benchmarks (under 10 minutes on 2 cores): JSON, markdown table and PNG plots in
 # benchmarks/results/. BENCH_ARGS passes options, e.g. BENCH_ARGS="--only 3,4 --rounds 1".

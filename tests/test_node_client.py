@@ -1,7 +1,8 @@
 """Conformance from another language: a Node.js client (@grpc/grpc-js + @grpc/proto-loader,
 installed with npm into a temporary folder) loads the .proto shipped in the installed Python
 package and calls ListResourcesServers, Verify and VerifyStream on a real bridge with a real
-NeMo Gym mcqa server behind it (tests/node/conformance.js).
+NeMo Gym mcqa server behind it (tests/node/conformance.js). It decodes a per-item error's
+ErrorInfo with protobufjs as docs/clients.md shows, so that snippet is checked here.
 
 Needs node and npm (and the npm registry): without them the module is skipped locally and
 fails under CI.
@@ -21,7 +22,9 @@ from nemo_gym_servers import example_rows
 
 NODE_DIR = Path(__file__).parent / "node"
 # Exact versions: the client the contract is checked against does not drift between runs.
-NPM_PACKAGES = ("@grpc/grpc-js@1.14.7", "@grpc/proto-loader@0.8.1")
+# protobufjs is the version @grpc/proto-loader 0.8.1 resolves to; named because the client
+# requires it itself (to decode ErrorInfo).
+NPM_PACKAGES = ("@grpc/grpc-js@1.14.7", "@grpc/proto-loader@0.8.1", "protobufjs@7.6.6")
 
 
 def _tool(name: str) -> str:
@@ -47,7 +50,7 @@ def _include_dir(package: str) -> str:
 
 @pytest.fixture(scope="module")
 def node_modules(tmp_path_factory) -> Path:
-    """@grpc/grpc-js and @grpc/proto-loader installed with npm into a temporary folder."""
+    """NPM_PACKAGES installed with npm into a temporary folder."""
     node, npm = _tool("node"), _tool("npm")
     folder = tmp_path_factory.mktemp("node-client")
     (folder / "package.json").write_text('{"name": "nemo-gym-grpc-conformance", "private": true}')
@@ -134,4 +137,7 @@ def test_a_node_client_scores_with_verify_and_verify_stream(
     assert unknown["code"] == 5  # NOT_FOUND
     assert unknown["reasons"] == ["UNKNOWN_RESOURCES_SERVER"]
     assert "no_such_server" in unknown["message"]
+    assert unknown["info"]["reason"] == "UNKNOWN_RESOURCES_SERVER"
+    assert unknown["info"]["domain"] == "nemo-gym-grpc"
+    assert unknown["info"]["metadata"]["resourcesServer"] == "no_such_server"
     assert got["stream"]["messages"] >= 1

@@ -2,14 +2,15 @@
 //
 // Loads nemo_gym_grpc/v1/verify.proto at run time with @grpc/proto-loader (no generated
 // code), calls ListResourcesServers, Verify and VerifyStream on a running bridge, decodes
-// each per-item google.rpc.Status's ErrorInfo detail with protobufjs, and prints what it got
-// as one JSON object on stdout.
+// each per-item google.rpc.Status's ErrorInfo detail (reason, domain, metadata) with
+// protobufjs, and prints what it got as one JSON object on stdout.
 //
 // Usage: node conformance.js INPUT.json
 //   INPUT.json: {"target": "host:port", "includeDirs": [dir with nemo_gym_grpc/v1/verify.proto,
 //                dir with google/rpc/status.proto], "unary": VerifyRequest,
 //                "stream": [[VerifyRequest, ...], ...]  (one list per VerifyStreamRequest)}
-// Requires @grpc/grpc-js and @grpc/proto-loader (NODE_PATH or a node_modules beside it).
+// Requires @grpc/grpc-js, @grpc/proto-loader and protobufjs (NODE_PATH or a node_modules
+// beside it).
 
 "use strict";
 
@@ -34,17 +35,21 @@ const client = new VerifyService(input.target, grpc.credentials.createInsecure()
   "grpc.max_send_message_length": 64 * 1024 * 1024,
 });
 
-// google.rpc.ErrorInfo, to read the reason out of each error's `details` (google.protobuf.Any).
-const root = new protobuf.Root();
-root.resolvePath = (_origin, target) => {
-  for (const dir of input.includeDirs) {
-    const path = `${dir}/${target}`;
-    if (fs.existsSync(path)) return path;
-  }
-  return target;
-};
-root.loadSync("google/rpc/error_details.proto");
-const ErrorInfo = root.lookupType("google.rpc.ErrorInfo");
+// google.rpc.ErrorInfo (reason, domain, metadata), to decode each error's `details`
+// (google.protobuf.Any) the way docs/clients.md shows. protobufjs comes with
+// @grpc/proto-loader; it resolves error_details.proto's google/protobuf imports itself.
+const gapi = input.includeDirs.find((dir) =>
+  fs.existsSync(`${dir}/google/rpc/error_details.proto`),
+);
+const ErrorInfo = protobuf
+  .loadSync(`${gapi}/google/rpc/error_details.proto`)
+  .lookupType("google.rpc.ErrorInfo");
+
+// The ErrorInfo of a per-item google.rpc.Status (VerifyResponse.error), or null.
+function errorInfo(status) {
+  const detail = status.details.find((d) => d.type_url.endsWith("/google.rpc.ErrorInfo"));
+  return detail ? ErrorInfo.toObject(ErrorInfo.decode(detail.value), { defaults: true }) : null;
+}
 
 function summarize(result) {
   const out = {
@@ -56,12 +61,14 @@ function summarize(result) {
     error: null,
   };
   if (result.error) {
-    out.error = { code: result.error.code, message: result.error.message, reasons: [] };
-    for (const detail of result.error.details) {
-      if (detail.type_url.endsWith("/google.rpc.ErrorInfo")) {
-        out.error.reasons.push(ErrorInfo.decode(detail.value).reason);
-      }
-    }
+    out.error = {
+      code: result.error.code,
+      message: result.error.message,
+      reasons: result.error.details
+        .filter((d) => d.type_url.endsWith("/google.rpc.ErrorInfo"))
+        .map((d) => ErrorInfo.decode(d.value).reason),
+      info: errorInfo(result.error),
+    };
   }
   return out;
 }
