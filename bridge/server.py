@@ -17,9 +17,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from nemo_gym_grpc.bridge.auth import BearerTokenInterceptor
 from nemo_gym_grpc.bridge.health import NOT_SERVING, SERVICE_NAME, Readiness
-from nemo_gym_grpc.bridge.limits import StreamLimitInterceptor
+from nemo_gym_grpc.bridge.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
 from nemo_gym_grpc.bridge.metrics import Metrics, start_metrics_server
 from nemo_gym_grpc.bridge.service import VerifyService, parse_verify_request
 from nemo_gym_grpc.bridge.upstreams import Upstreams
@@ -73,7 +72,7 @@ class BridgeConfig:
     session_servers: tuple[str, ...] = ()
     verify_timeout: float = 30.0
     max_in_flight: int = 256
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(attempts=3, budget=60.0))
     max_stream_items: int = 4096
     max_batch_items: int | None = None
     max_streams: int = 256
@@ -250,16 +249,18 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
         verifier = Verifier(
             upstreams,
             session,
-            config.verify_timeout,
-            config.max_in_flight,
-            config.retry,
-            config.max_item_bytes,
+            default_timeout=config.verify_timeout,
+            max_in_flight=config.max_in_flight,
+            retry=config.retry,
+            max_item_bytes=config.max_item_bytes,
             session_servers=config.session_servers,
             metrics=metrics,
         )
         metrics.watch(verifier.balancer, lambda: stream_limit.active)
         max_batch_items = config.max_batch_items or config.max_stream_items
-        service = VerifyService(verifier, config.max_stream_items, max_batch_items)
+        service = VerifyService(
+            verifier, max_stream_items=config.max_stream_items, max_batch_items=max_batch_items
+        )
         add_verify_service(service, server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
