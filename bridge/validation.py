@@ -55,21 +55,20 @@ def check_item(
             f"timeout_seconds must be finite and >= 0, got {request.timeout_seconds!r}",
             field="timeout_seconds",
         )
-    parsed = {
-        field: _json_object(text, field)
-        for field in JSON_FIELDS
-        if (text := getattr(request, field))
-    }
-    body = nemo_gym.build_verify_body(
-        request,
-        row=parsed.get("row_json"),
-        params=parsed.get("responses_create_params_json"),
-        response=parsed.get("response_json"),
+    row = _json_object(request.row_json, "row_json") if request.row_json else None
+    params = None
+    if request.responses_create_params_json:
+        params = _json_object(request.responses_create_params_json, "responses_create_params_json")
+    response = (
+        _json_object(request.response_json, "response_json") if request.response_json else None
     )
+    body = nemo_gym.build_verify_body(request, row=row, params=params, response=response)
     try:
         payload = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
     except UnicodeEncodeError:
-        field = next((f for f, value in parsed.items() if _has_lone_surrogate(value)), "item")
+        parsed = zip(JSON_FIELDS, (row, params, response), strict=True)
+        found = (f for f, value in parsed if value is not None and _has_lone_surrogate(value))
+        field = next(found, "item")
         raise errors.invalid_item(
             f'{field} holds a lone surrogate escape (e.g. "\\ud800"): not valid '
             "Unicode text, UTF-8 cannot encode it",

@@ -123,13 +123,14 @@ class Verifier:
             )
             return self.failed(request, error)
         self.metrics.item(request.resources_server, "OK", "")
-        return verify_pb2.VerifyResponse(
-            request_id=request.request_id,
-            reward=scored.reward,
-            reward_components=scored.components,
-            reply_json=scored.reply_json,
-            latency_seconds=seconds,
+        result = verify_pb2.VerifyResponse(
+            request_id=request.request_id, reward=scored.reward, latency_seconds=seconds
         )
+        if scored.components:  # (faster than passing them to the constructor)
+            result.reward_components.update(scored.components)
+        if scored.reply_json:
+            result.reply_json = scored.reply_json
+        return result
 
     def failed(
         self, request: verify_pb2.VerifyRequest, error: errors.ItemError
