@@ -93,7 +93,7 @@ class ItemError(Exception):
 
 def invalid_item(message: str, **metadata: object) -> ItemError:
     """An item the bridge cannot turn into a `/verify` call (INVALID_ARGUMENT)."""
-    return ItemError(code_pb2.INVALID_ARGUMENT, INVALID_ITEM, message, **metadata)
+    return ItemError(code_pb2.INVALID_ARGUMENT, INVALID_ITEM, message, retryable=None, **metadata)
 
 
 def http_status_error(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -29,7 +29,11 @@ STREAM_METHOD = f"/{_SERVICE.full_name}/{_SERVICE.methods_by_name['VerifyStream'
 DENIED = "missing or invalid bearer token"
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 
-_Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]]
+_Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+# What a grpc.aio stream-stream handler is (grpc's stubs type the sync form).
+_StreamBehaviour = Callable[
+    [AsyncIterator[object], grpc.aio.ServicerContext], AsyncIterator[object]
+]
 
 
 async def _drain(requests: AsyncIterable[object]) -> None:
@@ -101,7 +105,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(OPEN_METHOD_PREFIXES):
             return handler
@@ -133,11 +137,11 @@ class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method != STREAM_METHOD:
             return handler
-        behaviour = handler.stream_stream
+        behaviour = cast(_StreamBehaviour, handler.stream_stream)
 
         async def limited(
             request_iterator: AsyncIterator[object], context: grpc.aio.ServicerContext

@@ -82,11 +82,12 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
         request_iterator: AsyncIterable[verify_pb2.VerifyStreamRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[verify_pb2.VerifyStreamResponse]:
-        stream = _Stream(self._verifier, self._max_stream_items, self._max_batch_items)
-        deadline = _deadline(context)
+        stream = _Stream(
+            self._verifier, _deadline(context), self._max_stream_items, self._max_batch_items
+        )
         peer = context.peer()  # read now: the call may be gone when the stream ends
         started_at = time.monotonic()
-        reader = asyncio.create_task(stream.read(request_iterator, deadline))
+        reader = asyncio.create_task(stream.read(request_iterator))
         try:
             async for message in stream.results():
                 yield message
@@ -161,7 +162,8 @@ class _Finished:
 
 class _Stream:
     """The state of one VerifyStream call: a reader task (`read`) starts one scoring task per
-    item, and the handler sends their results as they finish (`results`).
+    item, and the handler sends their results as they finish (`results`). `deadline` is the
+    call's (`time.monotonic()` seconds, or None).
 
     Each item read gets exactly one result. At most `max_stream_items` items are held at once
     (in flight or with a result not yet sent): the reader waits for a free slot, so gRPC flow
@@ -176,8 +178,15 @@ class _Stream:
         tasks: the scoring tasks still running.
     """
 
-    def __init__(self, verifier: Verifier, max_stream_items: int, max_batch_items: int) -> None:
+    def __init__(
+        self,
+        verifier: Verifier,
+        deadline: float | None,
+        max_stream_items: int,
+        max_batch_items: int,
+    ) -> None:
         self._verifier = verifier
+        self._deadline = deadline
         self._max_batch_items = max_batch_items
         self._finished: asyncio.Queue[_Finished | None] = asyncio.Queue()  # None: input ended
         self._slots = asyncio.Semaphore(max_stream_items)
@@ -188,11 +197,7 @@ class _Stream:
         self.failed = 0
         self.refusal: tuple[grpc.StatusCode, str] | None = None
 
-    async def read(
-        self,
-        request_iterator: AsyncIterable[verify_pb2.VerifyStreamRequest],
-        deadline: float | None,
-    ) -> None:
+    async def read(self, request_iterator: AsyncIterable[verify_pb2.VerifyStreamRequest]) -> None:
         """Read the requests and start scoring each item, until the input ends or a message
         must refuse the rest of the stream (`refusal`)."""
         # In grpcio 1.85 a client cancel also ends this iterator normally (grpc#36193); the
@@ -223,7 +228,7 @@ class _Stream:
                         self._finished.put_nowait(_Finished(refused, frees_id=False))
                         continue
                     self._in_flight_ids.add(request.request_id)
-                    task = asyncio.create_task(self._score(request, deadline))
+                    task = asyncio.create_task(self._score(request))
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
         finally:
@@ -237,8 +242,8 @@ class _Stream:
             "rest of the stream were not scored",
         )
 
-    async def _score(self, request: verify_pb2.VerifyRequest, deadline: float | None) -> None:
-        result = await self._verifier.verify(request, deadline)  # answers every item
+    async def _score(self, request: verify_pb2.VerifyRequest) -> None:
+        result = await self._verifier.verify(request, self._deadline)  # answers every item
         self._finished.put_nowait(_Finished(result, frees_id=True))
 
     async def results(self) -> AsyncIterator[verify_pb2.VerifyStreamResponse]:
