@@ -1,13 +1,20 @@
-"""The NeMo Gym HTTP adapter's pure parts (`bridge.nemo_gym`): no network, no NeMo Gym."""
+"""The NeMo Gym HTTP adapter (`bridge.nemo_gym`): its pure parts, and what a Verifier sends
+to a loopback stand-in server. No NeMo Gym."""
 
 from __future__ import annotations
 
 import json
 
+import aiohttp
 import pytest
+from aiohttp import web
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors, nemo_gym
+from nemo_gym_grpc.bridge.metrics import Metrics
+from nemo_gym_grpc.bridge.upstreams import Upstreams
+from nemo_gym_grpc.bridge.verifier import RetryPolicy, Verifier
+from nemo_gym_grpc.v1 import verify_pb2
 
 URL = "http://127.0.0.1:1/verify"
 
@@ -62,3 +69,45 @@ def test_the_seed_body_is_the_verify_body_without_the_response():
         "question": "é",
         "responses_create_params": {"input": []},
     }
+
+
+async def test_both_calls_of_a_session_item_carry_its_request_id_and_the_seed_cookie():
+    """A real loopback HTTP server stands in for a resources server and records what the
+    bridge's Verifier sends."""
+    seen: list[tuple[str, str | None, str | None]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        seen.append((request.path, request.headers.get("X-Request-Id"), request.cookies.get("s")))
+        if request.path == "/seed_session":
+            response = web.json_response({})
+            response.set_cookie("s", "state-1")
+            return response
+        return web.json_response({"reward": 1.0})
+
+    app = web.Application()
+    app.router.add_post("/{route}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+            verifier = Verifier(
+                Upstreams({"stateful": url}, None, session),
+                session,
+                default_timeout=5.0,
+                max_in_flight=4,
+                retry=RetryPolicy(attempts=1, budget=5.0),
+                max_item_bytes=1 << 20,
+                session_servers=(),
+                metrics=Metrics(),
+            )
+            request = verify_pb2.VerifyRequest(
+                request_id="item-é", resources_server="stateful", seed_session=True
+            )
+            result = await verifier.verify(request, None)
+    finally:
+        await runner.cleanup()
+    assert result.WhichOneof("outcome") == "reward" and result.reward == 1.0
+    assert seen == [("/seed_session", "item-%C3%A9", None), ("/verify", "item-%C3%A9", "state-1")]
