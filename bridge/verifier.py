@@ -251,6 +251,7 @@ class Verifier:
                         upstreamUrl=url,
                         queuedSeconds=f"{queued:.3f}",
                     )
+        started = time.monotonic()
         try:
             reply = await nemo_gym.post(
                 self._session,
@@ -265,6 +266,9 @@ class Verifier:
             if isinstance(exc, nemo_gym.Refused):
                 replica.refused()  # passed over while another replica is available
             self.metrics.call(call.name, path, exc.latency_seconds)
+            raise
+        except asyncio.CancelledError:  # the RPC was cancelled: the call still took this long
+            self.metrics.call(call.name, path, time.monotonic() - started)
             raise
         self.metrics.call(call.name, path, reply.seconds)
         return reply
