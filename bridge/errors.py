@@ -32,6 +32,12 @@ BRIDGE_INTERNAL = "BRIDGE_INTERNAL"
 RETRYABLE_CODES = frozenset({code_pb2.UNAVAILABLE, code_pb2.RESOURCE_EXHAUSTED})
 
 
+def has_lone_surrogate(text: str) -> bool:
+    """True when `text` holds a lone surrogate (U+D800..U+DFFF, e.g. decoded from a
+    `"\\ud800"` JSON escape): not Unicode text, and UTF-8 cannot encode it."""
+    return _LONE_SURROGATE.search(text) is not None
+
+
 def utf8_text(text: str) -> str:
     """`text` with lone surrogates (what UTF-8 cannot encode, e.g. from a `"\\ud800"` JSON
     escape in an upstream reply) replaced by U+FFFD: proto3 strings must be valid UTF-8, and a
@@ -51,6 +57,10 @@ class ItemError(Exception):
             RETRYABLE_CODES.
 
     Text that UTF-8 cannot encode is replaced (see `utf8_text`), so `to_status` never fails.
+
+    Attributes:
+        latency_seconds: wall time of the upstream call that failed, seconds; 0.0 when the
+            failure is not one call's (set by whoever made the call).
     """
 
     def __init__(
@@ -69,6 +79,7 @@ class ItemError(Exception):
         self.reason = reason
         self.message = message
         self.metadata = {k: utf8_text(str(v)) for k, v in metadata.items() if v is not None}
+        self.latency_seconds = 0.0
 
     def to_status(self) -> status_pb2.Status:
         """The `google.rpc.Status` for `VerifyResponse.error`, with one ErrorInfo detail."""
@@ -82,7 +93,7 @@ class ItemError(Exception):
 
 def invalid_item(message: str, **metadata: object) -> ItemError:
     """An item the bridge cannot turn into a `/verify` call (INVALID_ARGUMENT)."""
-    return ItemError(code_pb2.INVALID_ARGUMENT, INVALID_ITEM, message, **metadata)
+    return ItemError(code_pb2.INVALID_ARGUMENT, INVALID_ITEM, message, retryable=None, **metadata)
 
 
 def http_status_error(

@@ -18,6 +18,7 @@ import logging
 import aiohttp
 from grpc_health.v1 import health, health_pb2
 
+from nemo_gym_grpc.bridge import nemo_gym
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.v1 import verify_pb2
 
@@ -98,12 +99,5 @@ class Readiness:
 
     async def _any_answers(self, urls: list[str]) -> bool:
         """True when at least one replica answers its liveness route."""
-        return any(await asyncio.gather(*(self._probe(url) for url in urls)))
-
-    async def _probe(self, url: str) -> bool:
-        try:
-            timeout = aiohttp.ClientTimeout(total=self._probe_timeout)
-            async with self._session.get(f"{url}/", timeout=timeout) as reply:
-                return reply.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+        probes = (nemo_gym.answers(self._session, url, self._probe_timeout) for url in urls)
+        return any(await asyncio.gather(*probes))

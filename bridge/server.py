@@ -10,50 +10,21 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from nemo_gym_grpc.bridge.auth import BearerTokenInterceptor
 from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure, check_limits
 from nemo_gym_grpc.bridge.health import NOT_SERVING, SERVICE_NAME, Readiness
-from nemo_gym_grpc.bridge.limits import StreamLimitInterceptor
+from nemo_gym_grpc.bridge.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
 from nemo_gym_grpc.bridge.metrics import Metrics, start_metrics_server
-from nemo_gym_grpc.bridge.service import VerifyService, parse_verify_request
+from nemo_gym_grpc.bridge.service import VerifyService, add_verify_service
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.bridge.verifier import Verifier
-from nemo_gym_grpc.v1 import verify_pb2
 
 log = logging.getLogger(__name__)
-
-
-def add_verify_service(service: VerifyService, server: grpc.aio.Server) -> None:
-    """Register `service` like the generated `add_VerifyServiceServicer_to_server`, except that
-    `Verify` parses its request with `parse_verify_request`: a message gRPC cannot parse
-    (invalid UTF-8 in a string field) gets INVALID_ARGUMENT instead of UNKNOWN."""
-    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        "Verify": grpc.unary_unary_rpc_method_handler(
-            service.Verify,
-            request_deserializer=parse_verify_request,
-            response_serializer=verify_pb2.VerifyResponse.SerializeToString,
-        ),
-        "VerifyStream": grpc.stream_stream_rpc_method_handler(
-            service.VerifyStream,
-            request_deserializer=verify_pb2.VerifyStreamRequest.FromString,
-            response_serializer=verify_pb2.VerifyStreamResponse.SerializeToString,
-        ),
-        "ListResourcesServers": grpc.unary_unary_rpc_method_handler(
-            service.ListResourcesServers,
-            request_deserializer=verify_pb2.ListResourcesServersRequest.FromString,
-            response_serializer=verify_pb2.ListResourcesServersResponse.SerializeToString,
-        ),
-    }
-    generic = grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
-    server.add_generic_rpc_handlers((generic,))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def grpc_options(config: BridgeConfig) -> list[tuple[str, int]]:
@@ -183,7 +154,7 @@ def _session() -> aiohttp.ClientSession:
     # 30 s, and reusing one just as the server closes it costs a retry.
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=15)
     # No cookie jar: NeMo Gym sets a session cookie on every reply; a shared jar would send
-    # it with other items' calls. An item's session cookies travel explicitly (sessions.py).
+    # it with other items' calls. An item's session cookies travel explicitly (nemo_gym.py).
     return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
 

@@ -11,14 +11,15 @@ from dataclasses import dataclass
 import aiohttp
 import grpc
 from google.protobuf.message import DecodeError
-from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.refusal import refuse_stream
+from nemo_gym_grpc.bridge.interceptors import HANDLER_KINDS, refuse_stream
 from nemo_gym_grpc.bridge.verifier import Verifier
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+SERVICE = verify_pb2.DESCRIPTOR.services_by_name["VerifyService"]
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -34,7 +35,7 @@ class Unparsable:
 
 
 def parse_verify_request(raw: bytes) -> verify_pb2.VerifyRequest | Unparsable:
-    """The request deserializer of the unary `Verify` (registered in server.py).
+    """The request deserializer of the unary `Verify` (see `add_verify_service`).
 
     gRPC's own parsing would fail a message that breaks proto3's rules (e.g. invalid UTF-8 in
     a `string` field) with UNKNOWN before any handler runs; this returns `Unparsable` instead,
@@ -59,9 +60,7 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
             read before it are answered first).
     """
 
-    def __init__(
-        self, verifier: Verifier, max_stream_items: int = 4096, max_batch_items: int = 4096
-    ) -> None:
+    def __init__(self, verifier: Verifier, *, max_stream_items: int, max_batch_items: int) -> None:
         self._verifier = verifier
         self._max_stream_items = max_stream_items
         self._max_batch_items = max_batch_items
@@ -83,113 +82,35 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
         request_iterator: AsyncIterable[verify_pb2.VerifyStreamRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[verify_pb2.VerifyStreamResponse]:
-        deadline = _deadline(context)
+        stream = _Stream(
+            self._verifier, _deadline(context), self._max_stream_items, self._max_batch_items
+        )
         peer = context.peer()  # read now: the call may be gone when the stream ends
-        # (result, tracked): tracked results free their request_id when sent.
-        finished: asyncio.Queue[tuple[verify_pb2.VerifyResponse, bool] | None] = asyncio.Queue()
-        slots = asyncio.Semaphore(self._max_stream_items)
-        in_flight_ids: set[str] = set()
-        tasks: set[asyncio.Task[None]] = set()
-        accepted = 0  # items read; each gets exactly one result
-        unreadable: DecodeError | None = None
-        oversized = 0  # item count of a message over --max-batch-items
         started_at = time.monotonic()
-
-        async def score(request: verify_pb2.VerifyRequest) -> None:
-            try:
-                result = await self._verifier.verify(request, deadline)
-            except Exception as exc:  # verify() answers every item; this is a backstop
-                log.exception("verify failed for request_id=%r", request.request_id)
-                result = self._verifier.failed(request, _internal_error(exc))
-            finished.put_nowait((result, True))
-
-        async def read() -> None:
-            nonlocal accepted, unreadable, oversized
-            # In grpcio 1.85 a client cancel also ends this iterator normally (grpc#36193);
-            # the handler then sees CancelledError at its next await and cleans up below.
-            try:
-                async for batch in _parsed(request_iterator):
-                    if isinstance(batch, DecodeError):
-                        unreadable = batch
-                        return
-                    if len(batch.items) > self._max_batch_items:
-                        oversized = len(batch.items)
-                        return
-                    for request in batch.items:
-                        await slots.acquire()
-                        accepted += 1
-                        if request.request_id in in_flight_ids:
-                            finished.put_nowait(
-                                (self._verifier.failed(request, _duplicate(request)), False)
-                            )
-                            continue
-                        in_flight_ids.add(request.request_id)
-                        task = asyncio.create_task(score(request))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
-            finally:
-                finished.put_nowait(None)
-
-        reader = asyncio.create_task(read())
-        sent, failed, input_ended = 0, 0, False
+        reader = asyncio.create_task(stream.read(request_iterator))
         try:
-            while not (input_ended and sent == accepted):
-                ready = [await finished.get()]
-                while not finished.empty():
-                    ready.append(finished.get_nowait())
-                results = []
-                for entry in ready:
-                    if entry is None:
-                        input_ended = True
-                        continue
-                    result, tracked = entry
-                    if tracked:
-                        in_flight_ids.discard(result.request_id)
-                    slots.release()
-                    failed += result.HasField("error")
-                    results.append(result)
-                if results:
-                    sent += len(results)
-                    yield verify_pb2.VerifyStreamResponse(results=results)
+            async for message in stream.results():
+                yield message
             await reader  # re-raises an error from reading the requests
-            if oversized:
-                await refuse_stream(
-                    request_iterator,
-                    context,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"a VerifyStreamRequest held {oversized} items; the limit is "
-                    f"{self._max_batch_items} items per message (raise it with "
-                    f"--max-batch-items, or send smaller messages); the {sent} items read "
-                    "before it were answered, it and the rest of the stream were not scored",
-                )
-            if unreadable is not None:
-                # Proto3 strings must be valid UTF-8; a message that breaks that (or is
-                # otherwise malformed) has items whose request_ids cannot be known.
-                await refuse_stream(
-                    request_iterator,
-                    context,
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"a VerifyStreamRequest could not be parsed ({unreadable}); the {sent} "
-                    "items read before it were answered, it and the rest of the stream "
-                    "were not scored",
-                )
+            if stream.refusal is not None:
+                await refuse_stream(request_iterator, context, *stream.refusal)
         finally:
             reader.cancel()
-            for task in tasks:
+            for task in stream.tasks:
                 task.cancel()
             seconds = time.monotonic() - started_at
             log.info(
                 "VerifyStream ended: %d of %d results sent (%d failed) in %.3f s",
-                sent,
-                accepted,
-                failed,
+                stream.sent,
+                stream.accepted,
+                stream.failed,
                 seconds,
                 extra={
                     "event": "verify_stream_end",
                     "peer": peer,
-                    "items_received": accepted,
-                    "results_sent": sent,
-                    "results_failed": failed,
+                    "items_received": stream.accepted,
+                    "results_sent": stream.sent,
+                    "results_failed": stream.failed,
                     "duration_seconds": round(seconds, 6),
                 },
             )
@@ -230,8 +151,144 @@ async def _parsed(
         yield batch
 
 
-def _internal_error(exc: Exception) -> errors.ItemError:
-    return errors.ItemError(code_pb2.INTERNAL, errors.BRIDGE_INTERNAL, f"bridge error: {exc!r}")
+@dataclass(frozen=True, slots=True)
+class _Finished:
+    """A result to send. `frees_id`: its request_id leaves the stream's in-flight ids when
+    sent (False for a duplicate's refusal: the id belongs to the item still in flight)."""
+
+    result: verify_pb2.VerifyResponse
+    frees_id: bool
+
+
+class _Stream:
+    """The state of one VerifyStream call: a reader task (`read`) starts one scoring task per
+    item, and the handler sends their results as they finish (`results`). `deadline` is the
+    call's (`time.monotonic()` seconds, or None).
+
+    Each item read gets exactly one result. At most `max_stream_items` items are held at once
+    (in flight or with a result not yet sent): the reader waits for a free slot, so gRPC flow
+    control slows the sender.
+
+    Attributes:
+        accepted: items read.
+        sent: results sent.
+        failed: results sent that carry an error.
+        refusal: (code, details) the call must end with once every item read is answered;
+            None = it ends OK.
+        tasks: the scoring tasks still running.
+    """
+
+    def __init__(
+        self,
+        verifier: Verifier,
+        deadline: float | None,
+        max_stream_items: int,
+        max_batch_items: int,
+    ) -> None:
+        self._verifier = verifier
+        self._deadline = deadline
+        self._max_batch_items = max_batch_items
+        self._finished: asyncio.Queue[_Finished | None] = asyncio.Queue()  # None: input ended
+        self._slots = asyncio.Semaphore(max_stream_items)
+        self._in_flight_ids: set[str] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.accepted = 0
+        self.sent = 0
+        self.failed = 0
+        self.refusal: tuple[grpc.StatusCode, str] | None = None
+
+    async def read(self, request_iterator: AsyncIterable[verify_pb2.VerifyStreamRequest]) -> None:
+        """Read the requests and start scoring each item, until the input ends or a message
+        must refuse the rest of the stream (`refusal`)."""
+        # In grpcio 1.85 a client cancel also ends this iterator normally (grpc#36193); the
+        # handler then sees CancelledError at its next await and cleans up.
+        try:
+            async for batch in _parsed(request_iterator):
+                if isinstance(batch, DecodeError):
+                    # Proto3 strings must be valid UTF-8; a message that breaks that (or is
+                    # otherwise malformed) has items whose request_ids cannot be known.
+                    self._refuse(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"a VerifyStreamRequest could not be parsed ({batch})",
+                    )
+                    return
+                if len(batch.items) > self._max_batch_items:
+                    self._refuse(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"a VerifyStreamRequest held {len(batch.items)} items; the limit is "
+                        f"{self._max_batch_items} items per message (raise it with "
+                        "--max-batch-items, or send smaller messages)",
+                    )
+                    return
+                for request in batch.items:
+                    await self._slots.acquire()
+                    self.accepted += 1
+                    if request.request_id in self._in_flight_ids:
+                        refused = self._verifier.failed(request, _duplicate(request))
+                        self._finished.put_nowait(_Finished(refused, frees_id=False))
+                        continue
+                    self._in_flight_ids.add(request.request_id)
+                    task = asyncio.create_task(self._score(request))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+        finally:
+            self._finished.put_nowait(None)
+
+    def _refuse(self, code: grpc.StatusCode, cause: str) -> None:
+        # Reading stops here, so the items accepted so far are the ones answered before it.
+        self.refusal = (
+            code,
+            f"{cause}; the {self.accepted} items read before it were answered, it and the "
+            "rest of the stream were not scored",
+        )
+
+    async def _score(self, request: verify_pb2.VerifyRequest) -> None:
+        result = await self._verifier.verify(request, self._deadline)  # answers every item
+        self._finished.put_nowait(_Finished(result, frees_id=True))
+
+    async def results(self) -> AsyncIterator[verify_pb2.VerifyStreamResponse]:
+        """The results, batched as they finish, until the input ended and every item read is
+        answered."""
+        input_ended = False
+        while not (input_ended and self.sent == self.accepted):
+            ready = [await self._finished.get()]
+            while not self._finished.empty():
+                ready.append(self._finished.get_nowait())
+            results = []
+            for entry in ready:
+                if entry is None:
+                    input_ended = True
+                    continue
+                if entry.frees_id:
+                    self._in_flight_ids.discard(entry.result.request_id)
+                self._slots.release()
+                self.failed += entry.result.HasField("error")
+                results.append(entry.result)
+            if results:
+                self.sent += len(results)
+                yield verify_pb2.VerifyStreamResponse(results=results)
+
+
+def add_verify_service(service: VerifyService, server: grpc.aio.Server) -> None:
+    """Register `service` like the generated `add_VerifyServiceServicer_to_server`, with the
+    handler table built from the service's descriptor (every RPC in verify.proto), except
+    that `Verify` parses its request with `parse_verify_request`: a message gRPC cannot parse
+    (invalid UTF-8 in a string field) gets INVALID_ARGUMENT instead of UNKNOWN."""
+    handlers = {}
+    for method in SERVICE.methods:
+        request_class = getattr(verify_pb2, method.input_type.name)
+        response_class = getattr(verify_pb2, method.output_type.name)
+        make = HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = make(
+            getattr(service, method.name),
+            request_deserializer=(
+                parse_verify_request if method.name == "Verify" else request_class.FromString
+            ),
+            response_serializer=response_class.SerializeToString,
+        )
+    generic = grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+    server.add_generic_rpc_handlers((generic,))
+    server.add_registered_method_handlers(SERVICE.full_name, handlers)
 
 
 def _duplicate(request: verify_pb2.VerifyRequest) -> errors.ItemError:

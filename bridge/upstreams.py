@@ -2,33 +2,27 @@
 
 Entries come only from configuration (`--server NAME=URL`, repeated with the same NAME for
 replicas) and from the NeMo Gym head server's `GET /global_config_dict_yaml` (one URL per
-instance name); the bridge never calls a URL taken from a request.
+instance name, read by `nemo_gym.global_config`); the bridge never calls a URL taken from a
+request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
-import yaml
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge import errors, nemo_gym
 
 log = logging.getLogger(__name__)
 
 STATIC = "static"
 HEAD_SERVER = "head_server"
-
-# Hosts a server binds to that are not addresses to call.
-_WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 
 
 @dataclass
@@ -38,58 +32,6 @@ class Upstream:
     name: str
     urls: list[str] = field(default_factory=list)
     source: str = STATIC
-
-
-def _base_url(host: str, port: int | str, head_host: str) -> str:
-    host = str(host).strip("[]")
-    if host in _WILDCARD_HOSTS:
-        host = head_host
-    if host == "localhost":
-        host = "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{int(port)}"
-
-
-def parse_global_config(body: bytes | str, head_url: str) -> dict[str, str]:
-    """Resources servers in the head server's `/global_config_dict_yaml` reply.
-
-    The reply is double encoded: a JSON string literal whose value is the YAML text of NeMo
-    Gym's global config (`OmegaConf.to_yaml`). Resources servers sit at
-    `<instance>.resources_servers.<type>.{host,port}`. Each is registered under its instance
-    name (NeMo Gym's own routing key) and, when no other entry claims it, under `<type>` too
-    (what axolotl's seed used). Wildcard hosts (0.0.0.0, ::) become the head server's host and
-    `localhost` becomes 127.0.0.1.
-
-    Returns:
-        {name: base URL}, e.g. {"mcqa": "http://127.0.0.1:18001"}.
-
-    Raises:
-        ValueError: the body is not a JSON string or YAML mapping of that shape.
-    """
-    text = json.loads(body)
-    if not isinstance(text, str):
-        raise ValueError("global_config_dict_yaml reply is not a JSON string")
-    config: Any = yaml.safe_load(text)
-    if not isinstance(config, dict):
-        raise ValueError("global config YAML is not a mapping")
-    head_host = urlsplit(head_url).hostname or "127.0.0.1"
-    by_instance: dict[str, str] = {}
-    by_type: dict[str, set[str]] = {}
-    for instance, block in config.items():
-        servers = block.get("resources_servers") if isinstance(block, dict) else None
-        if not isinstance(servers, dict):
-            continue
-        for server_type, server in servers.items():
-            if isinstance(server, dict) and server.get("host") is not None and server.get("port"):
-                url = _base_url(server["host"], server["port"], head_host)
-                by_instance[str(instance)] = url
-                by_type.setdefault(str(server_type), set()).add(url)
-    found = dict(by_instance)
-    for server_type, urls in by_type.items():
-        if server_type not in found and len(urls) == 1:
-            found[server_type] = next(iter(urls))
-    return found
 
 
 def _url_list(urls: str | Sequence[str]) -> list[str]:
@@ -138,13 +80,10 @@ class Upstreams:
         if not self.head_url:
             return {}
         self._last_discovery = time.monotonic()
-        url = f"{self.head_url}/global_config_dict_yaml"
-        timeout = aiohttp.ClientTimeout(total=self._timeout)
         try:
-            async with self._session.get(url, timeout=timeout) as reply:
-                reply.raise_for_status()
-                body = await reply.read()
-            self._discovered = parse_global_config(body, self.head_url)
+            self._discovered = await nemo_gym.global_config(
+                self._session, self.head_url, self._timeout
+            )
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             self.discovery_error = f"{type(exc).__name__}: {exc}"
             raise

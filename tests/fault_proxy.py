@@ -20,22 +20,19 @@ A fault applies to requests whose body contains `match` (None = every request), 
     cut_body       forward, send the reply's headers and half its body, then close
 
 Counters: `in_flight` (requests being handled now; a client that disconnects ends its
-request), `peak_in_flight`, `total`, and `attempts[request_id]` (the bridge builds
-`response.id` as "resp_<request_id>", which is how requests are told apart).
+request), `peak_in_flight`, `total`, and `attempts[request_id]` (`/verify` requests by
+their `X-Request-Id` header, which the bridge sets to the item's request_id).
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 from collections import Counter
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
-
-_RESPONSE_ID = re.compile(rb'"id": ?"resp_([^"]*)"')
 
 
 @dataclass
@@ -183,8 +180,8 @@ class FaultProxy:
                 headers={"Content-Type": content_type},
             )
         self.total += 1
-        found = _RESPONSE_ID.search(body)
-        self.attempts[found.group(1).decode() if found else ""] += 1
+        if request.path == "/verify":
+            self.attempts[request.headers.get("X-Request-Id", "")] += 1
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:

@@ -26,12 +26,15 @@ from google.rpc import code_pb2, error_details_pb2
 from nemo_gym_servers import closed_port, example_rows, start_bridge
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.metrics import Metrics
 from nemo_gym_grpc.bridge.nemo_gym import completion_response
+from nemo_gym_grpc.bridge.config import BridgeConfig
 from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.bridge.verifier import MAX_ITEM_BYTES, RetryPolicy, Verifier
+from nemo_gym_grpc.bridge.verifier import RetryPolicy, Verifier
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 MiB = 1024 * 1024
+MAX_ITEM_BYTES = BridgeConfig().max_item_bytes
 MARGIN = 5.0  # seconds of slack on every time bound
 
 
@@ -702,11 +705,25 @@ def test_10000_items_against_a_slow_upstream_keep_the_bridge_memory_bounded(scri
 # --- retry budget and queueing (in-process Verifier, real HTTP) ----------------------------
 
 
+def verifier_for(upstreams: Upstreams, session: aiohttp.ClientSession, **settings) -> Verifier:
+    """An in-process Verifier with the bridge's default settings, except `settings`."""
+    config = BridgeConfig()
+    defaults = dict(
+        default_timeout=config.verify_timeout,
+        max_in_flight=config.max_in_flight,
+        retry=config.retry,
+        max_item_bytes=config.max_item_bytes,
+        session_servers=config.session_servers,
+        metrics=Metrics(),
+    )
+    return Verifier(upstreams, session, **(defaults | settings))
+
+
 async def test_the_retry_budget_bounds_attempts_and_time():
     policy = RetryPolicy(attempts=50, initial_backoff=0.05, max_backoff=0.2, budget=1.0)
     async with aiohttp.ClientSession() as session:
         upstreams = Upstreams({"down": f"http://127.0.0.1:{closed_port()}"}, None, session)
-        verifier = Verifier(upstreams, session, retry=policy)
+        verifier = verifier_for(upstreams, session, retry=policy)
         started = time.monotonic()
         result = await verifier.verify(
             verify_pb2.VerifyRequest(request_id="x", resources_server="down"), None
@@ -722,7 +739,7 @@ async def test_waiting_for_an_upstream_slot_does_not_eat_the_item_timeout(proxy,
     proxy.set_faults(Fault("pass", seconds=0.5))
     async with aiohttp.ClientSession() as session:
         upstreams = Upstreams({"mcqa": proxy.url}, None, session)
-        verifier = Verifier(upstreams, session, max_in_flight=1)
+        verifier = verifier_for(upstreams, session, max_in_flight=1)
         items = [item(f"q{i}", row, timeout_seconds=0.8) for i in range(3)]
         results = await _gather(verifier, items, None)
         assert all(not r.HasField("error") and r.reward == 1.0 for r in results)
@@ -742,7 +759,7 @@ async def _gather(verifier, items, deadline):
 async def test_a_retry_never_overlaps_the_attempt_before_it(proxy, row):
     proxy.set_faults(Fault("status", status=503, seconds=0.2))
     async with aiohttp.ClientSession() as session:
-        verifier = Verifier(Upstreams({"mcqa": proxy.url}, None, session), session)
+        verifier = verifier_for(Upstreams({"mcqa": proxy.url}, None, session), session)
         result = await verifier.verify(item("one", row), None)
     assert info(result).metadata["attempts"] == "3" and proxy.attempts["one"] == 3
     assert proxy.peak_in_flight == 1
@@ -750,6 +767,6 @@ async def test_a_retry_never_overlaps_the_attempt_before_it(proxy, row):
 
 async def test_max_item_bytes_is_a_verifier_argument(row):
     async with aiohttp.ClientSession() as session:
-        verifier = Verifier(Upstreams({}, None, session), session, max_item_bytes=1000)
+        verifier = verifier_for(Upstreams({}, None, session), session, max_item_bytes=1000)
         result = await verifier.verify(item("big", row, completion="x" * 1000), None)
     assert_failed(result, code_pb2.INVALID_ARGUMENT, "ITEM_TOO_LARGE", maxItemBytes="1000")

@@ -8,7 +8,7 @@ import pytest
 import requests
 import yaml
 
-from nemo_gym_grpc.bridge.upstreams import parse_global_config
+from nemo_gym_grpc.bridge.nemo_gym import parse_global_config
 
 
 def test_real_head_server_reply_is_yaml_inside_a_json_string(nemo_gym):

@@ -1,0 +1,168 @@
+"""Refusing whole calls so that the client sees the status it is refused with: bearer-token
+auth, the cap on concurrent VerifyStream calls (grpc.aio server interceptors), and
+`refuse_stream`, which both use and so does VerifyStream itself.
+
+A server that ends a client-streaming call before it has read the client's messages sends its
+status and then resets the stream. A grpc.aio client whose write is still in flight at that
+moment reports INTERNAL "Internal error from Core" instead of the server's status
+(grpc/grpc#36066). So a refusal first reads, and drops, what the client sends until it
+half-closes, for at most DRAIN_SECONDS, and only then ends the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, cast
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from nemo_gym_grpc.v1 import verify_pb2
+
+DRAIN_SECONDS = 1.0  # a client that has not half-closed by then is refused while it writes
+
+_SERVICE = verify_pb2.DESCRIPTOR.services_by_name["VerifyService"]
+STREAM_METHOD = f"/{_SERVICE.full_name}/{_SERVICE.methods_by_name['VerifyStream'].name}"
+
+DENIED = "missing or invalid bearer token"
+OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
+
+_Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+# What a grpc.aio stream-stream handler is (grpc's stubs type the sync form).
+_StreamBehaviour = Callable[
+    [AsyncIterator[object], grpc.aio.ServicerContext], AsyncIterator[object]
+]
+
+
+async def _drain(requests: AsyncIterable[object]) -> None:
+    async for _ in requests:
+        pass
+
+
+async def refuse_stream(
+    requests: AsyncIterable[object],
+    context: grpc.aio.ServicerContext,
+    code: grpc.StatusCode,
+    details: str,
+) -> NoReturn:
+    """End a client-streaming call with `code` and `details` once the client has half-closed
+    (or after DRAIN_SECONDS), dropping its messages unread.
+
+    Raises:
+        the exception of `context.abort`, as every abort does.
+    """
+    try:
+        await asyncio.wait_for(_drain(requests), DRAIN_SECONDS)
+    except (asyncio.TimeoutError, DecodeError):
+        pass  # nothing the client sent matters any more
+    await context.abort(code, details)
+
+
+# grpc's handler factory by (request_streaming, response_streaming).
+HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    async def abort(request: Any, context: grpc.aio.ServicerContext) -> None:
+        if handler.request_streaming:  # an iterator of unparsed bytes (no deserializer below)
+            await refuse_stream(request, context, grpc.StatusCode.UNAUTHENTICATED, DENIED)
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, DENIED)
+
+    make = HANDLER_KINDS[(handler.request_streaming, handler.response_streaming)]
+    return make(
+        abort,
+        request_deserializer=None if handler.request_streaming else handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls without gRPC metadata `authorization: Bearer <token>`, except health
+    checks (so Kubernetes' gRPC probes and grpc-health-probe work without a token).
+
+    The comparison is constant-time (`hmac.compare_digest`). A missing or wrong token gets
+    UNAUTHENTICATED with the fixed message DENIED, which says nothing about the expected
+    token; a streaming call is refused with `refuse_stream`.
+
+    Args:
+        token: the shared secret (non-empty).
+
+    Raises:
+        ValueError: `token` is empty.
+    """
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ValueError("the bearer token is empty")
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(OPEN_METHOD_PREFIXES):
+            return handler
+        supplied = b""
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                supplied = value.encode() if isinstance(value, str) else value
+        if hmac.compare_digest(supplied, self._expected):
+            return handler
+        return _deny(handler)
+
+
+class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
+    """Answers RESOURCE_EXHAUSTED to a VerifyStream call beyond `max_streams` open ones.
+
+    grpc.aio's own `maximum_concurrent_rpcs` counts every RPC and answers "Concurrent RPC
+    limit exceeded!"; this counts only streams and names the limit and the flag that raises it.
+
+    Args:
+        max_streams: most concurrent VerifyStream calls (`--max-streams`).
+
+    Attributes:
+        active: VerifyStream calls open now.
+    """
+
+    def __init__(self, max_streams: int) -> None:
+        self.max_streams = max_streams
+        self.active = 0
+
+    async def intercept_service(
+        self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method != STREAM_METHOD:
+            return handler
+        behaviour = cast(_StreamBehaviour, handler.stream_stream)
+
+        async def limited(
+            request_iterator: AsyncIterator[object], context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[object]:
+            if self.active >= self.max_streams:
+                await refuse_stream(
+                    request_iterator,
+                    context,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"too many concurrent VerifyStream calls: the limit is {self.max_streams} "
+                    "(raise it with --max-streams)",
+                )
+            self.active += 1
+            try:
+                async for response in behaviour(request_iterator, context):
+                    yield response
+            finally:
+                self.active -= 1
+
+        return grpc.stream_stream_rpc_method_handler(
+            limited,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

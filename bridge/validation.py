@@ -1,0 +1,100 @@
+"""The checks an item passes before any upstream call, and its encoding to HTTP bodies.
+
+Pure: no I/O, no state. A failed check is that item's INVALID_ARGUMENT alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Container
+from typing import Any
+
+from google.rpc import code_pb2
+
+from nemo_gym_grpc.bridge import errors, nemo_gym
+from nemo_gym_grpc.v1 import verify_pb2
+
+# The VerifyRequest fields that carry JSON text.
+JSON_FIELDS = ("row_json", "responses_create_params_json", "response_json")
+
+
+def check_item(
+    request: verify_pb2.VerifyRequest, *, max_item_bytes: int, session_servers: Container[str]
+) -> tuple[bytes, bytes | None]:
+    """The item checked and turned into the UTF-8 `/verify` body and, when it runs as a
+    session (`seed_session` set, or its resources server in `session_servers`), the
+    `/seed_session` body (else None).
+
+    Args:
+        request: the item.
+        max_item_bytes: largest accepted `request.ByteSize()`, bytes.
+        session_servers: resources server names whose items always run as a session.
+
+    Raises:
+        errors.ItemError: INVALID_ARGUMENT with reason ITEM_TOO_LARGE for an item over
+            `max_item_bytes`; with reason INVALID_ITEM for one without a `resources_server`,
+            with a negative or non-finite `timeout_seconds`, or with JSON text that is
+            invalid, not an object, holds NaN/Infinity, nests too deep, or holds a lone
+            surrogate (a `"\\ud800"` escape: UTF-8 cannot encode it, and a NeMo Gym server
+            answers such a body with HTTP 500).
+    """
+    size = request.ByteSize()
+    if size > max_item_bytes:
+        raise errors.ItemError(
+            code_pb2.INVALID_ARGUMENT,
+            errors.ITEM_TOO_LARGE,
+            f"item is {size} bytes; the bridge accepts items of at most {max_item_bytes} bytes",
+            itemBytes=size,
+            maxItemBytes=max_item_bytes,
+        )
+    if not request.resources_server:
+        raise errors.invalid_item("resources_server is empty", field="resources_server")
+    if not (math.isfinite(request.timeout_seconds) and request.timeout_seconds >= 0):
+        raise errors.invalid_item(
+            f"timeout_seconds must be finite and >= 0, got {request.timeout_seconds!r}",
+            field="timeout_seconds",
+        )
+    row = _json_object(request.row_json, "row_json") if request.row_json else None
+    params = None
+    if request.responses_create_params_json:
+        params = _json_object(request.responses_create_params_json, "responses_create_params_json")
+    response = (
+        _json_object(request.response_json, "response_json") if request.response_json else None
+    )
+    body = nemo_gym.build_verify_body(request, row=row, params=params, response=response)
+    try:
+        payload = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        parsed = zip(JSON_FIELDS, (row, params, response), strict=True)
+        found = (f for f, value in parsed if value is not None and _has_lone_surrogate(value))
+        field = next(found, "item")
+        raise errors.invalid_item(
+            f'{field} holds a lone surrogate escape (e.g. "\\ud800"): not valid '
+            "Unicode text, UTF-8 cannot encode it",
+            field=field,
+        ) from None
+    except ValueError as exc:  # NaN / Infinity in the item's JSON
+        raise errors.invalid_item(f"item JSON cannot be sent: {exc}") from None
+    except RecursionError:
+        raise errors.invalid_item("item JSON nests too deeply to be sent") from None
+    if request.seed_session or request.resources_server in session_servers:
+        return payload, nemo_gym.seed_body(body)  # a part of what encoded above
+    return payload, None
+
+
+def _json_object(text: str, field: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise errors.invalid_item(f"{field} is not valid JSON: {exc}", field=field) from None
+    if not isinstance(value, dict):
+        raise errors.invalid_item(
+            f"{field} must be a JSON object, got {type(value).__name__}", field=field
+        )
+    return value
+
+
+def _has_lone_surrogate(value: dict[str, Any]) -> bool:
+    # Only called once the whole body encoded as JSON text, so this one does too.
+    return errors.has_lone_surrogate(json.dumps(value, ensure_ascii=False))
