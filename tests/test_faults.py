@@ -26,9 +26,9 @@ from google.rpc import code_pb2, error_details_pb2
 from nemo_gym_servers import closed_port, example_rows, start_bridge
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.config import BridgeConfig
 from nemo_gym_grpc.bridge.metrics import Metrics
 from nemo_gym_grpc.bridge.nemo_gym import completion_response
-from nemo_gym_grpc.bridge.config import BridgeConfig
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.bridge.verifier import RetryPolicy, Verifier
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
