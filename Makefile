@@ -53,7 +53,7 @@ test: $(DEV)
 	$(PY) -m pytest
 
 demo: $(DEV)
-	$(PY) tests/demo.py
+	$(PY) -m tests.demo
 
 # Benchmarks (under 10 minutes on 2 cores): JSON, markdown table and PNG plots in
 # benchmarks/results/. BENCH_ARGS passes options, e.g. BENCH_ARGS="--only 3,4 --rounds 1".

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from nemo_gym_servers import NemoGymServers, example_rows
+from tests.support import NemoGymServers, example_rows
 
 ROWS_PER_SERVER = 3
 BATCH_ITEMS = 1024
