@@ -28,6 +28,7 @@ from tests.support import (
     stack,
 )
 from tests.support import venv as support_venv
+from tests.support.items import mcqa_row
 
 http = requests.Session()
 http.trust_env = False  # loopback only: never through an HTTP(S)_PROXY from the environment
@@ -268,3 +269,37 @@ def test_offline_env_never_lets_uv_download_python():
     env = stack.offline_env({"RAY_ADDRESS": "x:1", "PATH": os.defpath})
     assert env["UV_PYTHON_DOWNLOADS"] == "never"
     assert "RAY_ADDRESS" not in env and env["RAY_USAGE_STATS_ENABLED"] == "0"
+
+
+def test_the_checked_in_mcqa_row_is_the_shipped_first_row(nemo_gym_venv):
+    assert mcqa_row() == example_rows("mcqa", nemo_gym_venv)[0]
+
+
+def test_a_build_step_reports_elapsed_seconds_and_its_last_log_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(support_venv, "PROGRESS_EVERY", 0.3)
+    log = tmp_path / "install.log"
+    step = ["sh", "-c", "echo Collecting nemo-gym; sleep 1; echo Installing collected packages"]
+    started = time.monotonic()
+    with open(log, "w") as out:
+        code = support_venv._run_step(step, out, log, dict(os.environ), started, started + 60)
+    assert code == 0
+    progress = capsys.readouterr().err.splitlines()
+    assert len(progress) >= 2 and all(line.strip().split()[1] == "s" for line in progress)
+    assert any(line.endswith("Collecting nemo-gym") for line in progress)
+    assert "Installing collected packages" in log.read_text()
+
+
+def test_a_build_step_past_its_deadline_is_killed_and_reported(tmp_path):
+    log = tmp_path / "install.log"
+    started = time.monotonic()
+    with open(log, "w") as out, pytest.raises(NemoGymError, match="took over"):
+        support_venv._run_step(["sleep", "30"], out, log, dict(os.environ), started, started + 0.5)
+    assert time.monotonic() - started < 10
+
+
+def test_a_new_build_says_what_it_builds_and_why(tmp_path, capsys):
+    venv = tmp_path / "announced"
+    support_venv._announce(venv, sys.executable, support_venv.VENV_PACKAGES, tmp_path / "log")
+    text = capsys.readouterr().err
+    assert "nemo-gym==0.4.0" in text and sys.executable in text
+    assert "Python >= 3.12" in text and "1.5 GB" in text and "every 15 s" in text
