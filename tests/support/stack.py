@@ -154,6 +154,8 @@ class NemoGymServers:
         return config
 
     def start(self) -> NemoGymServers:
+        """Write the config, start ng_run and wait (at most startup_timeout s) until every
+        server answers. Raises NemoGymError (with ng_run's log tail) if it exits or times out."""
         if self._proc is not None:
             raise NemoGymError("already started")
         check_allowed()
@@ -261,6 +263,7 @@ class NemoGymServers:
         return f"config {self.config_path}, log {self.log_path}"  # kept when start() fails
 
     def log_tail(self, lines: int = 80) -> str:
+        """The last `lines` lines of ng_run's log."""
         return tail(self.log_path, lines) if self.log_path else "(not started)"
 
     def processes(self) -> list[ProcInfo]:
