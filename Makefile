@@ -10,9 +10,8 @@ DEV := .venv/.installed
 # `make demo` installs only the package (its runtime dependencies; no dev tools, no torch/TRL),
 # marked by its own file, so a later `make dev`/`make test` still installs everything.
 DEMO_DEPS := .venv/.demo
-# How the demo runs, from the repository root. If the demo moves onto a `tests.support`
-# package (import paths from the root), this is the one line to change: `$(PY) -m tests.demo`.
-DEMO_RUN = $(PY) tests/demo.py
+# How the demo runs: from the repository root, so that it imports the harness as `tests.support`.
+DEMO_RUN = $(PY) -m tests.demo
 # Include roots for protoc: our protos, googleapis-common-protos (google/rpc/status.proto) and
 # grpcio-tools' bundled well-known types.
 GAPI = $(shell $(PY) -c "import google.rpc, os; print(os.path.dirname(os.path.dirname(list(google.rpc.__path__)[0])))")

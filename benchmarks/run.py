@@ -75,7 +75,7 @@ def main() -> int:
     chosen = [int(x) for x in args.only.split(",") if x.strip()]
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"  # loopback only
 
-    from nemo_gym_servers import NEMO_GYM_VERSION, example_rows
+    from tests.support import NEMO_GYM_VERSION, example_rows
 
     args.out.mkdir(parents=True, exist_ok=True)
 

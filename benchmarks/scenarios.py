@@ -16,8 +16,10 @@ import clients
 import procs
 from clients import Item
 
-sys.path.insert(0, str(procs.HERE.parent / "tests"))
-from nemo_gym_servers import BridgeProcess, NemoGymServers, start_bridge  # noqa: E402
+# benchmarks/ is a folder of scripts that import each other by plain name (`python
+# benchmarks/run.py`), so the repo root, home of the `tests.support` harness, is added here.
+sys.path.insert(0, str(procs.HERE.parent))
+from tests.support import BridgeProcess, NemoGymServers, start_bridge  # noqa: E402
 
 Log = Callable[[str], None]
 

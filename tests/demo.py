@@ -1,4 +1,5 @@
-"""`make demo`: score NeMo Gym example rows through the bridge with `reward_nemo_gym_verify`.
+"""`make demo` (`python -m tests.demo`): score NeMo Gym example rows through the bridge with
+`reward_nemo_gym_verify`.
 
 Starts real NeMo Gym resources servers (mcqa, equivalence_rule, reasoning_gym,
 example_single_tool_call) with NeMo Gym's own `ng_run`, lets the reward function start its
@@ -13,7 +14,7 @@ import os
 import sys
 import time
 
-from nemo_gym_servers import NemoGymServers, example_rows
+from tests.support import NemoGymServers, example_rows
 
 ROWS_PER_SERVER = 3
 BATCH_ITEMS = 1024

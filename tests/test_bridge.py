@@ -6,35 +6,17 @@ import json
 
 import grpc
 import pytest
-from google.rpc import code_pb2, error_details_pb2
-from nemo_gym_servers import closed_port, example_rows
+from google.rpc import code_pb2
 
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from tests.support import closed_port, example_rows
+from tests.support.items import error_info, mcqa_item, wrong_letter
 
 
 @pytest.fixture(scope="module")
 def stub(bridge_target):
     with grpc.insecure_channel(bridge_target) as channel:
         yield verify_pb2_grpc.VerifyServiceStub(channel)
-
-
-def error_info(result: verify_pb2.VerifyResponse) -> error_details_pb2.ErrorInfo:
-    info = error_details_pb2.ErrorInfo()
-    assert result.error.details[0].Unpack(info)
-    return info
-
-
-def mcqa_item(request_id: str, row: dict, answer: str) -> verify_pb2.VerifyRequest:
-    return verify_pb2.VerifyRequest(
-        request_id=request_id,
-        resources_server="mcqa",
-        row_json=json.dumps(row),
-        completion=f"Let me think. Final answer: \\boxed{{{answer}}}",
-    )
-
-
-def wrong_letter(letter: str) -> str:
-    return "A" if letter != "A" else "C"
 
 
 def test_unary_verify_scores_right_and_wrong_mcqa_answers(stub):

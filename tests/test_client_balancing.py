@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fault_proxy import FaultProxy
-from nemo_gym_servers import example_rows
 
 from nemo_gym_grpc.rewards import reward_nemo_gym_verify, reward_nemo_gym_verify_async, settings
+from tests.support import example_rows
+from tests.support.fault_proxy import FaultProxy
 
 
 def mcqa_args(count: int) -> tuple[dict, list[float]]:

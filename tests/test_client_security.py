@@ -16,8 +16,6 @@ from pathlib import Path
 import grpc
 import pytest
 import trustme
-from nemo_gym_servers import example_rows
-from nemo_gym_servers import start_bridge as run_bridge
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
@@ -27,6 +25,8 @@ from nemo_gym_grpc.rewards import (
     settings,
 )
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from tests.support import example_rows
+from tests.support import start_bridge as run_bridge
 
 TOKEN = "tr41ner-t0ken"
 TLS_ENVS = (settings.CA_ENV, settings.CLIENT_CERT_ENV, settings.CLIENT_KEY_ENV)

@@ -1,7 +1,7 @@
 """The fault matrix: every item sent gets exactly one outcome, a failure is never a reward,
 nothing hangs past its bound, and the bridge keeps serving after each fault.
 
-Real parts: a real NeMo Gym mcqa server behind a fault-injecting proxy (tests/fault_proxy.py),
+Real parts: a real NeMo Gym mcqa server behind a fault-injecting proxy (tests/support/fault_proxy.py),
 a scripted upstream only for replies a real server cannot give on demand, real bridge
 processes and real gRPC over loopback. Time bounds are generous (the machine is shared) and
 only bound hangs; no case asserts speed.
@@ -15,23 +15,24 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 
 import aiohttp
 import grpc
 import pytest
 import requests
-from fault_proxy import Fault, FaultProxy
-from google.rpc import code_pb2, error_details_pb2
-from nemo_gym_servers import closed_port, example_rows, start_bridge
+from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.config import BridgeConfig
 from nemo_gym_grpc.bridge.metrics import Metrics
 from nemo_gym_grpc.bridge.nemo_gym import completion_response
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.bridge.verifier import RetryPolicy, Verifier
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from tests.support import closed_port, start_bridge
+from tests.support.fault_proxy import Fault, FaultProxy
+from tests.support.items import Outcome, mcqa_row, scored, stream
+from tests.support.items import error_info as info
+from tests.support.items import mcqa_item as item
 
 MiB = 1024 * 1024
 MAX_ITEM_BYTES = BridgeConfig().max_item_bytes
@@ -39,8 +40,8 @@ MARGIN = 5.0  # seconds of slack on every time bound
 
 
 @pytest.fixture(scope="module")
-def row(nemo_gym) -> dict:
-    return example_rows("mcqa")[0]
+def row() -> dict:
+    return mcqa_row()
 
 
 @pytest.fixture(scope="module")
@@ -81,64 +82,6 @@ def no_faults(request):
     for name in ("proxy", "scripted"):
         if name in request.fixturenames:
             request.getfixturevalue(name).set_faults()
-
-
-def item(request_id: str, row: dict, right: bool = True, **fields) -> verify_pb2.VerifyRequest:
-    """An mcqa item whose completion boxes the right (or a wrong) letter."""
-    answer = row["expected_answer"] if right else ("A" if row["expected_answer"] != "A" else "C")
-    fields.setdefault("completion", f"Let me think. \\boxed{{{answer}}}")
-    fields.setdefault("resources_server", "mcqa")
-    fields.setdefault("row_json", json.dumps(row))
-    return verify_pb2.VerifyRequest(request_id=request_id, **fields)
-
-
-@dataclass
-class Outcome:
-    """What one VerifyStream call gave: results by request_id, the call's error (None = it
-    ended OK) and how long it took."""
-
-    results: dict[str, verify_pb2.VerifyResponse] = field(default_factory=dict)
-    error: grpc.RpcError | None = None
-    seconds: float = 0.0
-
-
-def stream(stub, items, timeout: float = 60.0) -> Outcome:
-    """Send `items` on one VerifyStream (64 per message); asserts that no result has an
-    unknown request_id or answers an item twice."""
-    batches = [
-        verify_pb2.VerifyStreamRequest(items=items[k : k + 64]) for k in range(0, len(items), 64)
-    ]
-    sent = {i.request_id for i in items}
-    outcome = Outcome()
-    started = time.monotonic()
-    try:
-        for message in stub.VerifyStream(iter(batches), timeout=timeout):
-            for result in message.results:
-                assert result.request_id in sent, result.request_id
-                assert result.request_id not in outcome.results, result.request_id
-                outcome.results[result.request_id] = result
-    except grpc.RpcError as exc:
-        outcome.error = exc
-    outcome.seconds = time.monotonic() - started
-    return outcome
-
-
-def scored(stub, items, timeout: float = 60.0) -> dict[str, verify_pb2.VerifyResponse]:
-    """Results of a stream that must end OK with one result per item."""
-    outcome = stream(stub, items, timeout)
-    assert outcome.error is None, outcome.error
-    assert sorted(outcome.results) == sorted(i.request_id for i in items)
-    return outcome.results
-
-
-def info(result: verify_pb2.VerifyResponse) -> error_details_pb2.ErrorInfo:
-    """The single ErrorInfo of a failed result."""
-    assert result.HasField("error"), f"{result.request_id} has no error"
-    assert len(result.error.details) == 1
-    detail = error_details_pb2.ErrorInfo()
-    assert result.error.details[0].Unpack(detail)
-    assert detail.domain == errors.ERROR_DOMAIN
-    return detail
 
 
 def assert_failed(result, code: int, reason: str, **metadata: str) -> None:
@@ -214,7 +157,7 @@ def test_an_upstream_that_never_finishes_answering_times_out_each_item_once(
 
 @pytest.mark.parametrize("status", [500, 502, 503, 504, 429])
 def test_a_transient_status_is_retried_and_the_item_scored(stub, proxy, row, status):
-    items = [item(f"s{status}-{i}", row, right=i % 2 == 0) for i in range(6)]
+    items = [item(f"s{status}-{i}", row, answer=i % 2 == 0) for i in range(6)]
     proxy.set_faults(
         *(Fault("status", match=f'resp_{i.request_id}"', times=1, status=status) for i in items)
     )
@@ -499,7 +442,7 @@ def test_sigterm_mid_stream_gives_every_item_one_outcome_within_the_grace(proxy,
 
 def test_64_items_of_100_kb_in_one_message_are_all_scored(stub, proxy, row):
     filler = "Let me think about every option in turn. " * 2500  # ~100 KB
-    items = [item(f"big{i}", row, right=i % 4 != 0) for i in range(64)]
+    items = [item(f"big{i}", row, answer=i % 4 != 0) for i in range(64)]
     for request in items:
         request.completion = filler + request.completion
     message = verify_pb2.VerifyStreamRequest(items=items)

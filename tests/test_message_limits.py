@@ -3,26 +3,15 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
 
 import grpc
 import pytest
-from nemo_gym_servers import example_rows
 
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
-
-
-def mcqa_item(request_id: str, completion: str | None = None) -> verify_pb2.VerifyRequest:
-    row = example_rows("mcqa")[0]
-    return verify_pb2.VerifyRequest(
-        request_id=request_id,
-        resources_server="mcqa",
-        row_json=json.dumps(row),
-        completion=completion or f"\\boxed{{{row['expected_answer']}}}",
-    )
+from tests.support.items import mcqa_item
 
 
 def test_a_message_over_max_batch_items_ends_the_stream_naming_the_flag(start_bridge, nemo_gym):

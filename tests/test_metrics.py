@@ -11,24 +11,15 @@ import threading
 
 import grpc
 from google.rpc import code_pb2
-from nemo_gym_servers import closed_port, example_rows
-from prometheus_scrape import metrics_url, scrape, value, wait_for
 
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from tests.support import closed_port
+from tests.support.items import mcqa_item
+from tests.support.prometheus_scrape import metrics_url, scrape, value, wait_for
 
 ITEMS = "nemo_gym_grpc_items_total"
 LATENCY_COUNT = "nemo_gym_grpc_upstream_latency_seconds_count"
 RETRIES = "nemo_gym_grpc_upstream_retries_total"
-
-
-def mcqa_item(request_id: str, right: bool = True, **fields) -> verify_pb2.VerifyRequest:
-    row = example_rows("mcqa")[0]
-    answer = row["expected_answer"] if right else ("A" if row["expected_answer"] != "A" else "C")
-    fields.setdefault("resources_server", "mcqa")
-    fields.setdefault("row_json", json.dumps(row))
-    return verify_pb2.VerifyRequest(
-        request_id=request_id, completion=f"\\boxed{{{answer}}}", **fields
-    )
 
 
 def test_metrics_count_every_outcome_and_the_stream_log_has_fields(start_bridge, nemo_gym):
@@ -47,7 +38,7 @@ def test_metrics_count_every_outcome_and_the_stream_log_has_fields(start_bridge,
     )
     url = metrics_url(bridge)
     items = [mcqa_item(f"right{i}") for i in range(4)] + [
-        mcqa_item(f"wrong{i}", False) for i in (0, 1)
+        mcqa_item(f"wrong{i}", answer=False) for i in (0, 1)
     ]
     items += [mcqa_item(f"down{i}", resources_server="down") for i in range(3)]
     items += [

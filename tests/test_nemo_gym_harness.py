@@ -12,11 +12,11 @@ import threading
 import time
 from pathlib import Path
 
-import nemo_gym_servers
 import pytest
 import requests
 import yaml
-from nemo_gym_servers import (
+
+from tests.support import (
     NemoGymError,
     NemoGymServers,
     NoSuitablePython,
@@ -24,7 +24,11 @@ from nemo_gym_servers import (
     example_rows,
     find_python,
     group_processes,
+    procs,
+    stack,
 )
+from tests.support import venv as support_venv
+from tests.support.items import mcqa_row
 
 http = requests.Session()
 http.trust_env = False  # loopback only: never through an HTTP(S)_PROXY from the environment
@@ -180,7 +184,7 @@ def test_find_python_gives_a_runnable_312_or_newer():
         python = find_python()
     except NoSuitablePython as exc:
         pytest.skip(str(exc))
-    major_minor = nemo_gym_servers._python_version(python)
+    major_minor = support_venv._python_version(python)
     assert major_minor is not None and major_minor >= (3, 12)
 
 
@@ -198,14 +202,14 @@ def test_ensure_venv_rebuilds_an_unmarked_venv_once_under_a_lock(tmp_path, monke
     venv.mkdir()
     (venv / "half-built").write_text("left by an interrupted build")
     builds = []
-    real_build = nemo_gym_servers._build_venv
+    real_build = support_venv._build_venv
 
     def counting_build(*args):
         builds.append(args[0])
         time.sleep(0.5)  # the other caller must wait for the lock meanwhile
         real_build(*args)
 
-    monkeypatch.setattr(nemo_gym_servers, "_build_venv", counting_build)
+    monkeypatch.setattr(support_venv, "_build_venv", counting_build)
     results = []
 
     def call():
@@ -218,8 +222,8 @@ def test_ensure_venv_rebuilds_an_unmarked_venv_once_under_a_lock(tmp_path, monke
         thread.join()
     assert results == [venv, venv] and builds == [venv]
     assert not (venv / "half-built").exists()
-    marker = json.loads((venv / nemo_gym_servers.MARKER_NAME).read_text())
-    assert marker["nemo_gym"] == nemo_gym_servers.NEMO_GYM_VERSION
+    marker = json.loads((venv / support_venv.MARKER_NAME).read_text())
+    assert marker["nemo_gym"] == support_venv.NEMO_GYM_VERSION
     assert ensure_venv(venv, python="/nonexistent") == venv  # marked: no rebuild, no python
 
 
@@ -227,7 +231,7 @@ def test_ensure_venv_honours_nemo_gym_venv(tmp_path, monkeypatch):
     venv = tmp_path / "from-env"
     monkeypatch.setenv("NEMO_GYM_VENV", str(venv))
     built = ensure_venv(python=sys.executable, packages=(), import_check=())
-    assert built == venv and nemo_gym_servers.venv_is_complete(venv)
+    assert built == venv and support_venv.venv_is_complete(venv)
 
 
 def test_example_rows_are_the_shipped_rows(nemo_gym_venv):
@@ -254,7 +258,7 @@ def test_started_bridge_has_a_target_and_stops_on_sigterm(start_bridge):
 
 
 def test_free_ports_are_distinct_and_bindable():
-    ports = nemo_gym_servers.free_ports(5)
+    ports = procs.free_ports(5)
     assert len(set(ports)) == 5
     for port in ports:
         with socket.socket() as sock:
@@ -262,6 +266,40 @@ def test_free_ports_are_distinct_and_bindable():
 
 
 def test_offline_env_never_lets_uv_download_python():
-    env = nemo_gym_servers.offline_env({"RAY_ADDRESS": "x:1", "PATH": os.defpath})
+    env = stack.offline_env({"RAY_ADDRESS": "x:1", "PATH": os.defpath})
     assert env["UV_PYTHON_DOWNLOADS"] == "never"
     assert "RAY_ADDRESS" not in env and env["RAY_USAGE_STATS_ENABLED"] == "0"
+
+
+def test_the_checked_in_mcqa_row_is_the_shipped_first_row(nemo_gym_venv):
+    assert mcqa_row() == example_rows("mcqa", nemo_gym_venv)[0]
+
+
+def test_a_build_step_reports_elapsed_seconds_and_its_last_log_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(support_venv, "PROGRESS_EVERY", 0.3)
+    log = tmp_path / "install.log"
+    step = ["sh", "-c", "echo Collecting nemo-gym; sleep 1; echo Installing collected packages"]
+    started = time.monotonic()
+    with open(log, "w") as out:
+        code = support_venv._run_step(step, out, log, dict(os.environ), started, started + 60)
+    assert code == 0
+    progress = capsys.readouterr().err.splitlines()
+    assert len(progress) >= 2 and all(line.strip().split()[1] == "s" for line in progress)
+    assert any(line.endswith("Collecting nemo-gym") for line in progress)
+    assert "Installing collected packages" in log.read_text()
+
+
+def test_a_build_step_past_its_deadline_is_killed_and_reported(tmp_path):
+    log = tmp_path / "install.log"
+    started = time.monotonic()
+    with open(log, "w") as out, pytest.raises(NemoGymError, match="took over"):
+        support_venv._run_step(["sleep", "30"], out, log, dict(os.environ), started, started + 0.5)
+    assert time.monotonic() - started < 10
+
+
+def test_a_new_build_says_what_it_builds_and_why(tmp_path, capsys):
+    venv = tmp_path / "announced"
+    support_venv._announce(venv, sys.executable, support_venv.VENV_PACKAGES, tmp_path / "log")
+    text = capsys.readouterr().err
+    assert "nemo-gym==0.4.0" in text and sys.executable in text
+    assert "Python >= 3.12" in text and "1.5 GB" in text and "every 15 s" in text

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from nemo_gym_servers import example_rows
+
+from tests.support import example_rows
 
 NODE_DIR = Path(__file__).parent / "node"
 # Exact versions: the client the contract is checked against does not drift between runs.

@@ -23,10 +23,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from nemo_gym_servers import closed_port, example_rows
 
 from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from tests.support import closed_port, example_rows
 
 SERVICE = "nemo_gym_grpc.v1.VerifyService"
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -12,13 +12,14 @@ import math
 from collections import Counter
 
 import pytest
-from fault_proxy import Fault, FaultProxy
 from google.rpc import code_pb2, error_details_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from nemo_gym_servers import example_rows, start_bridge
 
 from nemo_gym_grpc.v1 import verify_pb2
+from tests.support import example_rows, start_bridge
+from tests.support.fault_proxy import Fault, FaultProxy
+from tests.support.items import reason
 
 SCRIPTED_REWARD = 0.5
 REASONS = {
@@ -87,12 +88,6 @@ def outcomes(stub, items: list[verify_pb2.VerifyRequest]) -> list[verify_pb2.Ver
         else:
             assert math.isfinite(result.reward)
     return results
-
-
-def reason(result: verify_pb2.VerifyResponse) -> str:
-    info = error_details_pb2.ErrorInfo()
-    result.error.details[0].Unpack(info)
-    return info.reason
 
 
 # --- any item ------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Several upstream replicas for one resources server name: least in-flight load spreading,
 skipping a replica that refuses connections, and load counters that never leak.
 
-Real parts: two fault proxies (tests/fault_proxy.py) in front of the real NeMo Gym mcqa
+Real parts: two fault proxies (tests/support/fault_proxy.py) in front of the real NeMo Gym mcqa
 server act as two replicas (a proxy only delays or holds requests where a test says so), a
 closed port is a replica that is down, real bridge processes, real gRPC, and the bridge's own
 Prometheus metrics over real HTTP for its counters.
@@ -9,18 +9,18 @@ Prometheus metrics over real HTTP for its counters.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
 import grpc
 import pytest
-from fault_proxy import Fault, FaultProxy
 from google.rpc import code_pb2
-from nemo_gym_servers import closed_port, example_rows
-from prometheus_scrape import metrics_url, scrape, value, wait_for
 
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from tests.support import closed_port
+from tests.support.fault_proxy import Fault, FaultProxy
+from tests.support.items import mcqa_item as item
+from tests.support.prometheus_scrape import metrics_url, scrape, value, wait_for
 
 IN_FLIGHT = "nemo_gym_grpc_upstream_in_flight"
 WAITING = "nemo_gym_grpc_upstream_waiting"
@@ -40,17 +40,6 @@ def replicas(nemo_gym):
 def no_faults(replicas):
     for proxy in replicas:
         proxy.set_faults()
-
-
-def item(request_id: str, **fields) -> verify_pb2.VerifyRequest:
-    row = example_rows("mcqa")[0]
-    return verify_pb2.VerifyRequest(
-        request_id=request_id,
-        resources_server="mcqa",
-        row_json=json.dumps(row),
-        completion=f"\\boxed{{{row['expected_answer']}}}",
-        **fields,
-    )
 
 
 def wait_until(predicate, timeout: float) -> bool:

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from nemo_gym_servers import closed_port, example_rows
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
@@ -32,6 +31,7 @@ from nemo_gym_grpc.rewards import (
     reward_nemo_gym_verify_async,
     settings,
 )
+from tests.support import closed_port, example_rows
 
 LOGGER = "nemo_gym_grpc.rewards"
 
@@ -62,7 +62,7 @@ def loader_rows(nemo_gym_venv, tmp_path_factory):
     """server -> its example rows as axolotl's loader (through Arrow) yields them; and
     "mcqa_mixed": mcqa's, where only the first row sets two more OpenAI parameters (Arrow
     gives the other rows null for them)."""
-    from nemo_gym_servers import resources_server_dir
+    from tests.support import resources_server_dir
 
     def load(path: Path, server: str) -> list[dict]:
         out = subprocess.run(

@@ -27,7 +27,6 @@ import pytest
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
-from nemo_gym_servers import closed_port
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
@@ -43,6 +42,7 @@ from nemo_gym_grpc.rewards import (
     settings,
 )
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from tests.support import closed_port
 
 
 class ScriptedBridge(verify_pb2_grpc.VerifyServiceServicer):

@@ -9,7 +9,6 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from nemo_gym_servers import closed_port
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
@@ -24,6 +23,7 @@ from nemo_gym_grpc.rewards import (
     trl_logging,
 )
 from nemo_gym_grpc.v1 import verify_pb2
+from tests.support import closed_port
 
 # --------------------------------------------------------------------------------------------
 # reward_env: axolotl's behaviour, except for missing rewards and length mismatches

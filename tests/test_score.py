@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_proxy import Fault, FaultProxy
-from nemo_gym_servers import example_rows, resources_server_dir
 
 from nemo_gym_grpc.bridge.cli import main
+from tests.support import example_rows, resources_server_dir
+from tests.support.fault_proxy import Fault, FaultProxy
 
 HOLD = "HOLD"  # in a response id: the proxy holds that row's /verify (Fault "hang")
 SLOW = "SLOW"  # in a response id: the proxy delays that row's /verify (Fault "delay")

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from google.rpc import code_pb2, error_details_pb2
-from nemo_gym_servers import closed_port, example_rows, start_bridge
+from google.rpc import code_pb2
 
 from nemo_gym_grpc.v1 import verify_pb2
+from tests.support import closed_port, example_rows, start_bridge
+from tests.support.items import error_info
+from tests.support.items import scored as stream
 
 SERVER = "example_session_state_mgmt"
 
@@ -58,22 +60,9 @@ def counter_item(
     )
 
 
-def stream(stub, items) -> dict[str, verify_pb2.VerifyResponse]:
-    call = stub.VerifyStream(iter([verify_pb2.VerifyStreamRequest(items=items)]), timeout=60)
-    results = {r.request_id: r for message in call for r in message.results}
-    assert sorted(results) == sorted(i.request_id for i in items)
-    return results
-
-
 def reward(result: verify_pb2.VerifyResponse) -> float:
     assert not result.HasField("error"), result.error.message
     return result.reward
-
-
-def error_info(result: verify_pb2.VerifyResponse) -> error_details_pb2.ErrorInfo:
-    info = error_details_pb2.ErrorInfo()
-    assert result.error.details[0].Unpack(info)
-    return info
 
 
 def test_the_example_row_scores_one_with_a_session_and_zero_without(stub):

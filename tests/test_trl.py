@@ -110,7 +110,7 @@ def _loader_rows(nemo_gym_venv) -> list[dict]:
     """axolotl's NeMo Gym loader columns over mcqa's example rows: the 3 with answer B or E,
     two of them twice, and one routed to a server that does not exist (6 prompts: 2 steps of
     3)."""
-    from nemo_gym_servers import example_rows
+    from tests.support import example_rows
 
     rows = []
     for data in example_rows("mcqa", nemo_gym_venv):

@@ -8,9 +8,9 @@ import signal
 from pathlib import Path
 
 import grpc
-from nemo_gym_servers import example_rows
 
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from tests.support import example_rows
 
 
 def _children(pid: int) -> list[int]:

@@ -1,0 +1,44 @@
+"""Run real NVIDIA NeMo Gym resources servers (and our gRPC bridge) for tests, demos, benchmarks.
+
+    ensure_venv()               -> Path of the cached venv with nemo-gym 0.4.0 (venv.py)
+    example_rows("mcqa")        -> the rows of that server's shipped data/example.jsonl
+    with NemoGymServers(("mcqa",)) as gym:   # NeMo Gym's own `ng_run` (stack.py)
+        gym.head_url, gym.server_urls["mcqa"]
+    with start_bridge("--head-url", gym.head_url) as bridge:   # bridge.py
+        bridge.target           -> "127.0.0.1:PORT" of `python -m nemo_gym_grpc.bridge serve`
+
+Also here: procs.py (processes, ports), items.py (request builders shared by the tests),
+fault_proxy.py, prometheus_scrape.py. Command line: `python -m tests.support --help`.
+Linux/POSIX only (process groups, fcntl, /proc).
+"""
+
+from tests.support.bridge import BridgeProcess, start_bridge
+from tests.support.errors import NemoGymError, NoSuitablePython
+from tests.support.procs import ProcInfo, closed_port, free_ports, group_processes
+from tests.support.stack import DEFAULT_SERVERS, NemoGymServers, offline_env
+from tests.support.venv import (
+    NEMO_GYM_VERSION,
+    ensure_venv,
+    example_rows,
+    find_python,
+    resources_server_dir,
+)
+
+__all__ = [
+    "DEFAULT_SERVERS",
+    "NEMO_GYM_VERSION",
+    "BridgeProcess",
+    "NemoGymError",
+    "NemoGymServers",
+    "NoSuitablePython",
+    "ProcInfo",
+    "closed_port",
+    "ensure_venv",
+    "example_rows",
+    "find_python",
+    "free_ports",
+    "group_processes",
+    "offline_env",
+    "resources_server_dir",
+    "start_bridge",
+]

@@ -1,0 +1,68 @@
+"""Command line of the harness (CI builds the venv up front so its cost shows as its own step):
+
+python -m tests.support ensure-venv          # build (or find) the cached NeMo Gym venv
+python -m tests.support find-python          # the Python >= 3.12 it is built with
+python -m tests.support run [SERVER ...]     # start servers, print URLs; Ctrl-C stops
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+from tests.support import (
+    DEFAULT_SERVERS,
+    NemoGymError,
+    NemoGymServers,
+    NoSuitablePython,
+    ensure_venv,
+    find_python,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; 0 on success, 1 (with the reason on stderr) if the venv or the
+    servers are unavailable."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support",
+        description="Run real NeMo Gym resources servers for the tests, the demo, benchmarks.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("ensure-venv", help="build (or find) the cached NeMo Gym venv")
+    commands.add_parser("find-python", help="print the Python >= 3.12 used to build the venv")
+    run = commands.add_parser(
+        "run", help="start servers, print their URLs; Ctrl-C or SIGTERM stops them"
+    )
+    run.add_argument("servers", nargs="*", default=list(DEFAULT_SERVERS))
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "find-python":
+            print(find_python())
+        elif args.command == "ensure-venv":
+            started = time.monotonic()
+            venv = ensure_venv()
+            print(f"{venv} ready ({time.monotonic() - started:.1f} s)")
+        else:
+            # Also when started in the background (`&` leaves SIGINT ignored) or by `kill`.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
+            with NemoGymServers(args.servers) as gym:
+                print(f"head {gym.head_url} (ng_run pid {gym.pid}, up in {gym.startup_seconds} s)")
+                for name, url in gym.server_urls.items():
+                    print(f"{name} {url}")
+                sys.stdout.flush()
+                with contextlib.suppress(KeyboardInterrupt):
+                    while gym.running():
+                        time.sleep(1)
+    except (NoSuitablePython, NemoGymError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""NeMo Gym's own launcher (`ng_run`: Ray, the head server, resources servers) on loopback.
+
+    with NemoGymServers(("mcqa",)) as gym:
+        gym.head_url, gym.server_urls["mcqa"]
+
+Env NEMO_GYM_KEEP_WORKDIR=1 keeps a stack's working dir (with its ng_run.log) after stop.
+ng_run gets UV_PYTHON_DOWNLOADS=never, so it never lets uv download a Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import requests
+import yaml
+
+from tests.support import procs
+from tests.support.errors import NemoGymError
+from tests.support.procs import ProcInfo, free_ports, group_processes, tail
+from tests.support.venv import check_allowed, ensure_venv, resources_server_dir
+
+DEFAULT_SERVERS = (
+    "mcqa",
+    "equivalence_rule",
+    "example_single_tool_call",
+    "reasoning_gym",
+    "example_session_state_mgmt",
+    "example_tool_call_multireward",
+)
+NG_RUN_LOG_GRACE = 10.0  # seconds to wait for ng_run's own "servers ready" line
+
+
+def stock_server_config(server: str, venv: Path | None = None) -> dict[str, Any]:
+    """The server's own resources-server block from its shipped configs/*.yaml (prefers
+    configs/<server>.yaml, then resources_only.yaml, then the others), or {}."""
+    configs = resources_server_dir(server, venv) / "configs"
+    files = sorted(configs.glob("*.yaml"))
+    order = {f"{server}.yaml": 0, "resources_only.yaml": 1}
+    for path in sorted(files, key=lambda p: (order.get(p.name, 2), p.name)):
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        for block in data.values():
+            if isinstance(block, dict):
+                inner = (block.get("resources_servers") or {}).get(server)
+                if isinstance(inner, dict):
+                    return dict(inner)
+    return {}
+
+
+def offline_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for ng_run and its servers: no downloads, no telemetry, unbuffered logs."""
+    env = dict(os.environ if base is None else base)
+    for key in ("RAY_ADDRESS", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTEST_CURRENT_TEST"):
+        env.pop(key, None)
+    env.update(
+        UV_PYTHON_DOWNLOADS="never",  # ng_run would otherwise let uv fetch a Python
+        UV_OFFLINE="1",
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_USAGE_STATS_PROMPT_ENABLED="0",
+        RAY_DISABLE_IMPORT_WARNING="1",
+        WANDB_MODE="disabled",
+        WANDB_SILENT="true",
+        HF_HUB_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        DO_NOT_TRACK="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+        NO_COLOR="1",
+        TERM="dumb",
+    )
+    return env
+
+
+class NemoGymServers:
+    """NeMo Gym's own launcher (`ng_run`) running the given resources servers on loopback.
+
+    ng_run starts a local Ray cluster, the head server and one process per resources server; all
+    of them stay in one new process group/session led by ng_run (pid recorded), which `stop()`
+    ends (SIGINT, then SIGKILL). Use as a context manager or call start()/stop().
+    """
+
+    def __init__(
+        self,
+        servers: Iterable[str] = DEFAULT_SERVERS,
+        *,
+        venv: str | Path | None = None,
+        startup_timeout: float = 180.0,
+        stop_timeout: float = 20.0,
+        config_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        keep_workdir: bool | None = None,
+    ) -> None:
+        self.servers = tuple(servers)
+        if not self.servers or len(set(self.servers)) != len(self.servers):
+            raise ValueError(f"need distinct server names, got {self.servers}")
+        self.venv = Path(venv) if venv else None
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.config_overrides = {k: dict(v) for k, v in (config_overrides or {}).items()}
+        if keep_workdir is None:
+            keep_workdir = os.environ.get("NEMO_GYM_KEEP_WORKDIR", "") not in ("", "0")
+        self.keep_workdir = keep_workdir
+        self.head_url = ""
+        self.server_urls: dict[str, str] = {}
+        self.workdir: Path | None = None
+        self.config_path: Path | None = None
+        self.log_path: Path | None = None
+        self.pid: int | None = None
+        self.startup_seconds: float | None = None
+        self.stop_seconds: float | None = None
+        self.returncode: int | None = None  # ng_run's exit status after stop()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+
+    # context manager -------------------------------------------------------------------------
+    def __enter__(self) -> NemoGymServers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid={self.pid} head={self.head_url}" if self._proc else "stopped"
+        return f"NemoGymServers({self.servers}, {state})"
+
+    def running(self) -> bool:
+        """ng_run was started and has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    # start -----------------------------------------------------------------------------------
+    def build_config(self, head_port: int, ports: Mapping[str, int], venv: Path) -> dict[str, Any]:
+        """The resources-servers-only ng_run config (no agents, no model servers)."""
+        config: dict[str, Any] = {}
+        for name in self.servers:
+            block = stock_server_config(name, venv)
+            block.update(entrypoint=block.get("entrypoint") or "app.py")
+            block.setdefault("domain", "other")  # required for resources servers
+            block.update(host="127.0.0.1", port=ports[name], verified=False)
+            block.update(self.config_overrides.get(name, {}))
+            config[name] = {"resources_servers": {name: block}}
+        config["head_server"] = {"host": "127.0.0.1", "port": head_port}
+        return config
+
+    def start(self) -> NemoGymServers:
+        """Write the config, start ng_run and wait (at most startup_timeout s) until every
+        server answers. Raises NemoGymError (with ng_run's log tail) if it exits or times out."""
+        if self._proc is not None:
+            raise NemoGymError("already started")
+        check_allowed()
+        venv = Path(self.venv or ensure_venv()).absolute()
+        for name in self.servers:
+            resources_server_dir(name, venv)  # fail early on unknown names
+        ports = free_ports(len(self.servers) + 1)
+        head_port, server_ports = ports[0], dict(zip(self.servers, ports[1:], strict=True))
+
+        self.workdir = Path(tempfile.mkdtemp(prefix="nemo_gym_"))
+        self.config_path = self.workdir / "nemo_gym_servers.yaml"
+        self.config_path.write_text(
+            yaml.safe_dump(self.build_config(head_port, server_ports, venv), sort_keys=False)
+        )
+        # ng_run's per-server venv is <cwd>/resources_servers/<name>/.venv (its uv_venv_dir
+        # default is the cwd for a wheel install); with +skip_venv_if_present=true it only
+        # sources that venv's bin/activate instead of building one with uv.
+        for name in self.servers:
+            link = self.workdir / "resources_servers" / name / ".venv"
+            link.parent.mkdir(parents=True)
+            link.symlink_to(venv, target_is_directory=True)
+
+        env = offline_env()
+        env["RAY_TMPDIR"] = str(self.workdir / "ray")  # this stack's own Ray session files
+        env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        command = [
+            str(venv / "bin" / "ng_run"),
+            f"+config_paths=[{self.config_path}]",
+            "+skip_venv_if_present=true",
+        ]
+        self.log_path = self.workdir / "ng_run.log"
+        self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        started = time.monotonic()
+        self._proc = subprocess.Popen(
+            command,
+            cwd=self.workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own session + process group, pgid == pid
+            preexec_fn=procs.default_sigint_in_child,
+        )
+        self.pid = self._proc.pid
+        procs.live.add(self)
+        self.head_url = f"http://127.0.0.1:{head_port}"
+        self.server_urls = {n: f"http://127.0.0.1:{p}" for n, p in server_ports.items()}
+        try:
+            self._wait_ready(started)
+        except BaseException:
+            self.stop(remove_workdir=False)
+            raise
+        self.startup_seconds = round(time.monotonic() - started, 2)
+        return self
+
+    def _ng_run_reports_ready(self) -> bool:
+        """ng_run logged "All N / N servers ready!" and then finished printing its table of
+        server instances (framed by three rules of 100 '#'), i.e. it is entering run_forever."""
+        if self.log_path is None:
+            return False
+        try:
+            text = self.log_path.read_bytes()
+        except OSError:
+            return False
+        at = text.find(b"servers ready!")
+        return at >= 0 and text.count(b"#" * 100, at) >= 3
+
+    def _wait_ready(self, started: float) -> None:
+        """Until every server's and the head's `GET /` says {"status": "ok"} and ng_run itself
+        logged "All N / N servers ready!" and its server table (it polls every 3 s; a SIGINT
+        before then lands in its start-up code, which skips its own shutdown of the servers).
+        That log output is awaited at most NG_RUN_LOG_GRACE s after the HTTP checks pass."""
+        proc = self._proc
+        assert proc is not None, "start() sets it"
+        pending = {"head": self.head_url, **self.server_urls}
+        deadline = started + self.startup_timeout
+        http_ready_at: float | None = None
+        with requests.Session() as http:
+            http.trust_env = False  # loopback: never through an HTTP(S)_PROXY
+            while True:
+                if proc.poll() is not None:
+                    raise NemoGymError(
+                        f"ng_run exited with {proc.returncode} before the servers were "
+                        f"ready ({self._where()}); log tail:\n{self.log_tail()}"
+                    )
+                for name, url in list(pending.items()):
+                    with contextlib.suppress(requests.RequestException, ValueError):
+                        if http.get(f"{url}/", timeout=2).json() == {"status": "ok"}:
+                            del pending[name]
+                if not pending:
+                    http_ready_at = http_ready_at or time.monotonic()
+                    if self._ng_run_reports_ready():
+                        return
+                    if time.monotonic() > http_ready_at + NG_RUN_LOG_GRACE:
+                        return  # all servers answer; ng_run's wording may differ
+                if time.monotonic() > deadline:
+                    raise NemoGymError(
+                        f"NeMo Gym servers not ready after {self.startup_timeout:.0f} s "
+                        f"(still waiting for {sorted(pending)}; {self._where()}); log tail:\n"
+                        f"{self.log_tail()}"
+                    )
+                time.sleep(0.25)
+
+    def _where(self) -> str:
+        return f"config {self.config_path}, log {self.log_path}"  # kept when start() fails
+
+    def log_tail(self, lines: int = 80) -> str:
+        """The last `lines` lines of ng_run's log."""
+        return tail(self.log_path, lines) if self.log_path else "(not started)"
+
+    def processes(self) -> list[ProcInfo]:
+        """The live processes of this stack (ng_run, Ray, head and resources servers)."""
+        return group_processes(self.pid) if self.pid else []
+
+    # stop ------------------------------------------------------------------------------------
+    def stop(self, remove_workdir: bool = True) -> None:
+        """SIGINT to the recorded process group (ng_run stops its servers and Ray), wait up to
+        stop_timeout, then SIGKILL whatever of the group/session is left. Idempotent."""
+        proc, pid = self._proc, self.pid
+        if proc is None or pid is None:
+            return
+        began = time.monotonic()
+        deadline = began + self.stop_timeout
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        # ng_run exited: give the rest of its group (Ray shutting down) a few more seconds;
+        # ng_run too slow: no more waiting. Then SIGKILL whatever is left.
+        grace_end = min(deadline, time.monotonic() + 5) if proc.poll() is not None else 0
+        while time.monotonic() < grace_end and group_processes(pid):
+            time.sleep(0.1)
+        self._kill_leftovers(pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        self.returncode = proc.returncode
+        self.stop_seconds = round(time.monotonic() - began, 2)
+        self._proc = None
+        procs.live.discard(self)
+        if self._log_file:
+            self._log_file.close()
+            self._log_file = None
+        if remove_workdir and not self.keep_workdir and self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    @staticmethod
+    def _kill_leftovers(pid: int) -> None:
+        left = group_processes(pid)
+        if not left:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        for p in left:  # members that changed process group but kept the session
+            if p.pgid != pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while group_processes(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
