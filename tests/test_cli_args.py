@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,13 +87,14 @@ def test_serve_accepts_ipv6_listen_and_zero_where_zero_means_something(tmp_path)
         text=True,
     )
     try:
-        _, stderr = proc.communicate(timeout=5)
-    except subprocess.TimeoutExpired:  # still serving: the arguments were accepted
-        stderr = None
+        deadline = time.monotonic() + 30
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        exited = proc.poll()  # None: still serving, so the arguments were accepted
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
-    assert stderr is None, stderr
+        _, stderr = proc.communicate(timeout=30)
+    assert exited is None, stderr
     assert ready.read_text().startswith("[::1]:")
 
 

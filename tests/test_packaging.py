@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 import venv
 import zipfile
 from pathlib import Path
@@ -41,27 +42,42 @@ def test_wheel_ships_the_proto_and_generated_code_under_the_namespace(wheel):
 
 
 def test_installed_wheel_is_not_shadowed_by_a_users_rewards_py(wheel, tmp_path):
+    # A venv of its own gets the wheel; its dependencies come from this environment's
+    # site-packages through a .pth line (which does not run that directory's own .pth files,
+    # so this checkout's editable install stays out): no PyPI round trip in the fast tier.
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
+    venv.EnvBuilder(with_pip=False, system_site_packages=False).create(env_dir)
     python = env_dir / "bin" / "python"
-    subprocess.run([python, "-m", "pip", "install", "-q", str(wheel)], check=True)
+    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = Path(subprocess.check_output([python, "-c", where], text=True).strip())
+    (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, wheel],
+        check=True,
+    )
     workdir = tmp_path / "work"
     workdir.mkdir()
     (workdir / "rewards.py").write_text("raise ImportError('the user rewards.py was imported')\n")
     probe = (
         "import nemo_gym_grpc.rewards as r, nemo_gym_grpc.bridge, nemo_gym_grpc.v1.verify_pb2;"
-        "print(r.reward_nemo_gym_verify.__name__, r.reward_nemo_gym_verify.__module__)"
+        "print(r.reward_nemo_gym_verify.__name__, r.reward_nemo_gym_verify.__module__,"
+        " r.__file__)"
     )
     out = subprocess.run(
         [python, "-c", probe], cwd=workdir, check=True, capture_output=True, text=True
     )
-    name, module = out.stdout.split()
+    name, module, path = out.stdout.split()
     assert name == "reward_nemo_gym_verify" and module.startswith("nemo_gym_grpc.rewards")
+    assert Path(path).is_relative_to(site)  # the installed wheel, not this checkout
     # torch stays out of the core install
-    listed = subprocess.run(
-        [python, "-m", "pip", "list"], check=True, capture_output=True, text=True
-    ).stdout
-    assert "torch" not in listed.lower()
+    with zipfile.ZipFile(wheel) as built:
+        (metadata,) = (n for n in built.namelist() if n.endswith(".dist-info/METADATA"))
+        requires = [
+            line
+            for line in built.read(metadata).decode().splitlines()
+            if line.startswith("Requires-Dist:") and "extra ==" not in line
+        ]
+    assert requires and not any("torch" in line.lower() for line in requires)
 
 
 def test_the_bridge_cli_does_not_import_the_trainer_side():
