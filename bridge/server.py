@@ -154,7 +154,8 @@ def _session() -> aiohttp.ClientSession:
     # 30 s, and reusing one just as the server closes it costs a retry.
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=15)
     # No cookie jar: NeMo Gym sets a session cookie on every reply; a shared jar would send
-    # it with other items' calls. An item's session cookies travel explicitly (nemo_gym.py).
+    # it with other items' calls. An item's session cookies travel explicitly
+    # (nemo_gym/sessions.py).
     return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
 

@@ -1,10 +1,10 @@
 """The fault matrix: every item sent gets exactly one outcome, a failure is never a reward,
 nothing hangs past its bound, and the bridge keeps serving after each fault.
 
-Real parts: a real NeMo Gym mcqa server behind a fault-injecting proxy (tests/support/fault_proxy.py),
-a scripted upstream only for replies a real server cannot give on demand, real bridge
-processes and real gRPC over loopback. Time bounds are generous (the machine is shared) and
-only bound hangs; no case asserts speed.
+Real parts: a real NeMo Gym mcqa server behind a fault-injecting proxy
+(tests/support/fault_proxy.py), a scripted upstream only for replies a real server cannot give
+on demand, real bridge processes and real gRPC over loopback. Time bounds are generous (the
+machine is shared) and only bound hangs; no case asserts speed.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ def test_wheel_ships_the_proto_and_generated_code_under_the_namespace(wheel):
         "nemo_gym_grpc/v1/verify_pb2.pyi",
         "nemo_gym_grpc/v1/verify_pb2_grpc.py",
         "nemo_gym_grpc/bridge/server.py",
+        "nemo_gym_grpc/bridge/nemo_gym/verify.py",
         "nemo_gym_grpc/rewards/__init__.py",
     ):
         assert name in names

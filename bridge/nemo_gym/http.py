@@ -1,0 +1,128 @@
+"""The HTTP exchange with a NeMo Gym server: one POST with its error mapping, and the liveness
+probe `GET /`.
+
+Every POST carries the item's `request_id` as an `X-Request-Id` header, so NeMo Gym's access
+logs (and the tests' fault proxy) can tell items apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http.cookies import Morsel
+from urllib.parse import quote
+
+import aiohttp
+from google.rpc import code_pb2
+
+from nemo_gym_grpc.bridge import errors
+
+log = logging.getLogger(__name__)
+
+LIVENESS_PATH = "/"
+REQUEST_ID_HEADER = "X-Request-Id"
+
+# Longest X-Request-Id value sent, characters (uvicorn refuses very large header blocks).
+_MAX_REQUEST_ID_HEADER = 200
+
+
+def request_id_header(request_id: str) -> str:
+    """The `X-Request-Id` value for `request_id`: itself when it is printable ASCII, else
+    percent-encoded (UTF-8); cut to 200 characters either way."""
+    if not (request_id.isascii() and request_id.isprintable()):
+        request_id = quote(request_id, safe="", errors="replace")
+    return request_id[:_MAX_REQUEST_ID_HEADER]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An upstream's answer to one POST: HTTP status, body, the cookies it set, and the
+    seconds from sending the request to reading the whole body."""
+
+    status: int
+    body: bytes
+    cookies: Mapping[str, Morsel[str]]
+    seconds: float
+
+
+class Refused(errors.ItemError):
+    """UNAVAILABLE / UPSTREAM_UNAVAILABLE because the upstream refused the connection (the
+    caller may pass that replica over for a while)."""
+
+
+async def post(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    *,
+    timeout: float,
+    request_id: str,
+    cookie: str = "",
+    queued: float = 0.0,
+) -> Reply:
+    """One JSON POST to `url` (redirects are not followed: only configured URLs are called).
+
+    Args:
+        url: full URL, e.g. "http://127.0.0.1:18001/verify"; `body`: UTF-8 JSON.
+        timeout: seconds for the whole exchange (> 0).
+        request_id: the `X-Request-Id` header value (see `request_id_header`).
+        cookie: the `Cookie` header, "" for none.
+        queued: seconds the call waited for a slot before (reported on a timeout).
+
+    Returns:
+        The Reply, whatever its HTTP status.
+
+    Raises:
+        errors.ItemError: DEADLINE_EXCEEDED / UPSTREAM_TIMEOUT when `timeout` passed,
+            UNAVAILABLE / UPSTREAM_UNAVAILABLE for a transport failure (`Refused` when the
+            connection was refused); its `latency_seconds` is the time spent.
+    """
+    headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id}
+    if cookie:
+        headers["Cookie"] = cookie
+    started = time.monotonic()
+    try:
+        async with session.post(
+            url,
+            data=body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            allow_redirects=False,
+        ) as reply:
+            raw = await reply.read()
+            seconds = time.monotonic() - started
+            log.debug("%s: HTTP %d, %.3f s, request_id=%s", url, reply.status, seconds, request_id)
+            return Reply(reply.status, raw, reply.cookies, seconds)
+    except (asyncio.TimeoutError, TimeoutError):
+        error = errors.ItemError(
+            code_pb2.DEADLINE_EXCEEDED,
+            errors.UPSTREAM_TIMEOUT,
+            f"{url} did not answer within {timeout:.3f} s",
+            upstreamUrl=url,
+            timeoutSeconds=f"{timeout:.3f}",
+            queuedSeconds=f"{queued:.3f}",
+        )
+    except aiohttp.ClientError as exc:
+        kind = Refused if isinstance(exc, aiohttp.ClientConnectorError) else errors.ItemError
+        error = kind(
+            code_pb2.UNAVAILABLE,
+            errors.UPSTREAM_UNAVAILABLE,
+            f"{url} unreachable: {type(exc).__name__}: {exc}",
+            upstreamUrl=url,
+        )
+    error.latency_seconds = time.monotonic() - started
+    raise error
+
+
+async def answers(session: aiohttp.ClientSession, url: str, timeout: float) -> bool:
+    """True when the resources server at base URL `url` answers its liveness route `GET /`
+    with 200 within `timeout` seconds."""
+    try:
+        timeout_ = aiohttp.ClientTimeout(total=timeout)
+        async with session.get(f"{url}{LIVENESS_PATH}", timeout=timeout_) as reply:
+            return reply.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False

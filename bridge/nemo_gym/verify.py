@@ -1,0 +1,177 @@
+"""`POST /verify` on a resources server: the body the bridge sends and what it reads back.
+
+Request body (`BaseVerifyRequest` plus the server's own row fields): the dataset row's fields
+with None values dropped, `responses_create_params` and `response`. Reply
+(`BaseVerifyResponse`): the request echoed back plus `reward`, optional `reward_components` and
+the server's own fields; judge failures are marked in a 200 reply (`_ng_failure_class`; newer
+releases `failure_kind` / `mask_sample`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from google.rpc import code_pb2
+
+from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.v1 import verify_pb2
+
+VERIFY_PATH = "/verify"
+DEFAULT_MODEL = "nemo-gym-grpc"
+
+# Reply keys that VerifyResponse carries as typed fields or that only echo the request.
+_TYPED_OR_ECHOED = frozenset({"reward", "reward_components", "responses_create_params", "response"})
+
+
+def completion_response(text: str, model: str, response_id: str = "resp") -> dict[str, Any]:
+    """An OpenAI Responses object for a plain completion.
+
+    Shape: a completed response with one assistant `message` output item holding one
+    `output_text` part whose text is `text` (what NeMo Gym's simple agent gets from a policy
+    that answered in text).
+    """
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": 0,
+        "model": model,
+        "status": "completed",
+        "output": [
+            {
+                "id": "msg_0",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+    }
+
+
+def build_verify_body(
+    request: verify_pb2.VerifyRequest,
+    *,
+    row: dict[str, Any] | None,
+    params: dict[str, Any] | None,
+    response: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The JSON body of `POST /verify` for one item.
+
+    Args:
+        request: the item (its prompt, completion, model and request_id are used when the
+            JSON fields below do not say otherwise).
+        row, params, response: the item's `row_json`, `responses_create_params_json` and
+            `response_json` as parsed JSON objects; None when the field is empty.
+
+    Order of precedence is documented on `VerifyRequest` in verify.proto. Keys whose value is
+    null are dropped from the row and from `responses_create_params`: a row from an Arrow
+    table (axolotl's loader, `datasets`) or a saved rollout has null for every parameter that
+    another row sets or the rollout left unset, and NeMo Gym's request models reject some of
+    them (HTTP 422 for `"parallel_tool_calls": null`) where the absent key gets the default.
+    """
+    body: dict[str, Any] = {}
+    if row is not None:
+        body = {key: value for key, value in row.items() if value is not None}
+    if params is not None:
+        body["responses_create_params"] = params
+    elif "responses_create_params" not in body:
+        body["responses_create_params"] = {
+            "input": [{"role": m.role or "user", "content": m.content} for m in request.prompt]
+        }
+    found = body["responses_create_params"]
+    if isinstance(found, dict):
+        body["responses_create_params"] = {k: v for k, v in found.items() if v is not None}
+    if response is not None:
+        body["response"] = response
+    else:
+        body["response"] = completion_response(
+            request.completion, request.model or DEFAULT_MODEL, f"resp_{request.request_id}"
+        )
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """What a 200 `/verify` reply says: the reward, its named components, and the reply's
+    other fields as JSON text ("" unless asked for)."""
+
+    reward: float
+    components: dict[str, float]
+    reply_json: str
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def read_verify_reply(raw: bytes, url: str, include_reply: bool) -> Scored:
+    """The score in a 200 `/verify` body; `include_reply` keeps the reply's other fields.
+
+    Raises:
+        errors.ItemError: the body is not a JSON object, has no finite numeric `reward`,
+            has non-numeric `reward_components`, or marks a failure
+            (`_ng_failure_class`, `failure_kind`, `mask_sample`). None is retryable: a retry
+            would repeat the same scoring (and, for judge failures, its judge calls).
+    """
+
+    def bad_reply(message: str) -> errors.ItemError:
+        return errors.ItemError(
+            code_pb2.INTERNAL, errors.UPSTREAM_BAD_REPLY, f"{url}: {message}", upstreamUrl=url
+        )
+
+    try:
+        reply = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise bad_reply(f"reply is not JSON: {raw[:200]!r}") from None
+    if not isinstance(reply, dict):
+        raise bad_reply(f"reply is not a JSON object: {raw[:200]!r}")
+
+    failure_class = reply.get("_ng_failure_class")
+    if failure_class:
+        judge = failure_class == "judge_failed"
+        detail = reply.get("_ng_failure_judge_error", "")
+        raise errors.ItemError(
+            code_pb2.UNAVAILABLE if judge else code_pb2.INTERNAL,
+            errors.UPSTREAM_JUDGE_FAILED if judge else errors.UPSTREAM_REPORTED_FAILURE,
+            f"{url} reported {failure_class}: {str(detail)[:200]}",
+            retryable=False,  # a retry would repeat the judge calls (the caller may resubmit)
+            upstreamUrl=url,
+            failureClass=failure_class,
+        )
+    if reply.get("failure_kind") or reply.get("mask_sample") is True:
+        raise errors.ItemError(
+            code_pb2.INTERNAL,
+            errors.UPSTREAM_REPORTED_FAILURE,
+            f"{url} reported failure {reply.get('failure_kind')!r}: "
+            f"{str(reply.get('failure_reason') or '')[:200]}",
+            upstreamUrl=url,
+            failureKind=reply.get("failure_kind"),
+        )
+
+    reward = _number(reply.get("reward"))
+    if reward is None:
+        raise bad_reply(f"reply has no finite numeric reward (got {reply.get('reward')!r})")
+    found = reply.get("reward_components") or {}
+    if not isinstance(found, dict):
+        raise bad_reply("reward_components is not an object")
+    components: dict[str, float] = {}
+    for name, value in found.items():
+        number = _number(value)
+        if number is None:
+            raise bad_reply(f"reward_components[{name!r}] is not a finite number")
+        if errors.has_lone_surrogate(name):
+            raise bad_reply(f"reward_components key {name!r} is not valid Unicode text")
+        components[name] = number
+    other = ""
+    if include_reply:
+        other = json.dumps({k: v for k, v in reply.items() if k not in _TYPED_OR_ECHOED})
+    return Scored(reward, components, other)
