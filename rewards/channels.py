@@ -15,12 +15,11 @@ channel belongs to the event loop that made it, so async calls open their own (`
 from __future__ import annotations
 
 import json
-import os
-import threading
 from dataclasses import dataclass
 
 import grpc
 
+from nemo_gym_grpc.rewards.per_process import PerProcess
 from nemo_gym_grpc.v1 import verify_pb2_grpc
 
 MiB = 1024 * 1024
@@ -99,20 +98,7 @@ def aio_channel(target: str, security: Security = PLAINTEXT) -> grpc.aio.Channel
     return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
 
 
-_lock = threading.Lock()
-_shared: dict[tuple[str, bytes | None, bytes | None, bytes | None], Channel] = {}
-# Channels inherited over fork: kept referenced, never used or closed in the child.
-_inherited: list[Channel] = []
-
-
-def _forget_after_fork() -> None:
-    global _lock
-    _lock = threading.Lock()  # another thread may have held it at the fork
-    _inherited.extend(_shared.values())
-    _shared.clear()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
+_shared: PerProcess[tuple[str, bytes | None, bytes | None, bytes | None], Channel] = PerProcess()
 
 
 def shared(target: str, security: Security = PLAINTEXT) -> Channel:
@@ -122,13 +108,13 @@ def shared(target: str, security: Security = PLAINTEXT) -> Channel:
     of the key (it travels per call).
     """
     key = (target, security.ca, security.client_cert, security.client_key)
-    with _lock:
-        channel = _shared.get(key)
+    with _shared.lock:
+        channel = _shared.entries.get(key)
         if channel is None:
             credentials = security.credentials()
             if credentials is None:
                 raw = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
             else:
                 raw = grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
-            channel = _shared[key] = Channel(raw, verify_pb2_grpc.VerifyServiceStub(raw))
+            channel = _shared.entries[key] = Channel(raw, verify_pb2_grpc.VerifyServiceStub(raw))
         return channel

@@ -12,9 +12,11 @@ another or at the same time (a loopback handshake, about a millisecond, per call
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 import grpc
 
@@ -49,12 +51,19 @@ def _messages(
         yield verify_pb2.VerifyStreamRequest(items=chunk)
 
 
+class _Cancellable(Protocol):
+    """A sync or asyncio gRPC call (both can be cancelled)."""
+
+    def cancel(self) -> bool: ...
+
+
 class _Call:
     """The bookkeeping of one call, the same for the sync and the async wrapper.
 
     `__init__` fails items over the message limit up front (not sent: `sendable`), `start`
-    gives the messages and the time left, `on_message` records results, `on_error` and
-    `on_no_connection` record the call's own failure, `finish` returns every outcome.
+    gives the messages and the time left, `on_message` records results, `reading` records the
+    call's own failure (and `on_no_connection` the lack of a connection), `finish` returns
+    every outcome.
     """
 
     def __init__(
@@ -107,9 +116,17 @@ class _Call:
             error = result.error if result.HasField("error") else None
             self.outcomes[request_id] = result if error is None else Failure.from_status(error)
 
-    def on_error(self, error: grpc.RpcError) -> None:
-        """The call failed as a whole."""
-        self.failure = Failure.from_rpc_error(error)
+    @contextlib.contextmanager
+    def reading(self, stream: _Cancellable) -> Iterator[None]:
+        """Around reading `stream`'s results: a failed call is recorded as the call's own
+        failure; a ProtocolError cancels the stream and propagates."""
+        try:
+            yield
+        except ProtocolError:
+            stream.cancel()
+            raise
+        except grpc.RpcError as error:
+            self.failure = Failure.from_rpc_error(error)
 
     def on_no_connection(self) -> None:
         """No connection within `connect_wait`: the call was not started."""
@@ -179,14 +196,9 @@ def verify_batch(
     stream = channel.stub.VerifyStream(
         messages, timeout=left, metadata=call.metadata, wait_for_ready=True
     )
-    try:
+    with call.reading(stream):
         for message in stream:
             call.on_message(message)
-    except ProtocolError:
-        stream.cancel()
-        raise
-    except grpc.RpcError as error:
-        call.on_error(error)
     return call.finish()
 
 
@@ -215,12 +227,7 @@ async def verify_batch_async(
         stream = verify_pb2_grpc.VerifyServiceStub(channel).VerifyStream(
             messages, timeout=left, metadata=call.metadata, wait_for_ready=True
         )
-        try:
+        with call.reading(stream):
             async for message in stream:
                 call.on_message(message)
-        except ProtocolError:
-            stream.cancel()
-            raise
-        except grpc.RpcError as error:
-            call.on_error(error)
         return call.finish()

@@ -35,12 +35,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from nemo_gym_grpc.rewards import settings
+from nemo_gym_grpc.rewards.per_process import PerProcess
 
 log = logging.getLogger(__name__)
 
@@ -199,21 +199,8 @@ class EmbeddedBridge:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-_lock = threading.Lock()
-_bridges: dict[BridgeSpec, EmbeddedBridge] = {}
-# Bridges inherited over fork: the parent's, kept referenced and never touched.
-_inherited: list[EmbeddedBridge] = []
+_bridges: PerProcess[BridgeSpec, EmbeddedBridge] = PerProcess()
 _atexit_registered = False
-
-
-def _forget_after_fork() -> None:
-    global _lock
-    _lock = threading.Lock()  # another thread may have held it at the fork
-    _inherited.extend(_bridges.values())
-    _bridges.clear()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def ensure_bridge(spec: BridgeSpec) -> str:
@@ -227,8 +214,8 @@ def ensure_bridge(spec: BridgeSpec) -> str:
         ValueError: `NEMO_GYM_GRPC_STARTUP_TIMEOUT` is not a positive number.
     """
     global _atexit_registered
-    with _lock:
-        bridge = _bridges.get(spec)
+    with _bridges.lock:
+        bridge = _bridges.entries.get(spec)
         if bridge is not None and not bridge.running:
             log.warning(
                 "embedded bridge (pid %d) exited with status %s; starting a new one. "
@@ -238,11 +225,11 @@ def ensure_bridge(spec: BridgeSpec) -> str:
                 bridge.log_tail(),
             )
             bridge.stop()
-            del _bridges[spec]
+            del _bridges.entries[spec]
             bridge = None
         if bridge is None:
             bridge = EmbeddedBridge.start(spec, settings.startup_timeout())
-            _bridges[spec] = bridge
+            _bridges.entries[spec] = bridge
             if not _atexit_registered:
                 atexit.register(stop_all)
                 _atexit_registered = True
@@ -251,8 +238,8 @@ def ensure_bridge(spec: BridgeSpec) -> str:
 
 def running_bridges() -> dict[BridgeSpec, EmbeddedBridge]:
     """A snapshot of this process's embedded bridges, by spec."""
-    with _lock:
-        return dict(_bridges)
+    with _bridges.lock:
+        return dict(_bridges.entries)
 
 
 def stop_all(grace: float = STOP_GRACE) -> None:
@@ -261,9 +248,9 @@ def stop_all(grace: float = STOP_GRACE) -> None:
     All get SIGTERM first, then each is waited for (up to `grace` s) and SIGKILLed if needed.
     Bridges a parent process started (inherited over fork) are left alone.
     """
-    with _lock:
-        bridges = list(_bridges.values())
-        _bridges.clear()
+    with _bridges.lock:
+        bridges = list(_bridges.entries.values())
+        _bridges.entries.clear()
     for bridge in bridges:
         if bridge.running:
             bridge.process.terminate()

@@ -43,6 +43,7 @@ from nemo_gym_grpc.rewards import (
 )
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port
+from tests.support.waiting import wait_until
 
 
 class ScriptedBridge(verify_pb2_grpc.VerifyServiceServicer):
@@ -306,14 +307,6 @@ async def test_a_call_that_keeps_failing_as_a_whole_stops_the_run_after_three_at
     assert out.getvalue() == b""  # nothing of a failed batch is written
 
 
-def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_sigterm_stops_the_score_command_with_a_valid_prefix(scripted, tmp_path):
     target, servicer = scripted
     modes = ["echo"] * 4 + ["stall"] * 4  # batches of 2: two answered, two held
@@ -327,7 +320,7 @@ def test_sigterm_stops_the_score_command_with_a_valid_prefix(scripted, tmp_path)
     command += ["-o", str(out), "--target", target, "--batch-size", "2", "--no-progress"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(
+        wait_until(
             lambda: out.exists() and out.read_bytes().count(b"\n") == 4 and servicer.in_flight == 2,
             60,
             "4 rows written and 2 calls held",
@@ -342,7 +335,7 @@ def test_sigterm_stops_the_score_command_with_a_valid_prefix(scripted, tmp_path)
     assert "SIGTERM: stopping" in stderr and "Traceback" not in stderr
     assert [json.loads(line)["line"] for line in out.read_text().splitlines()] == [1, 2, 3, 4]
     assert "4 of 8 rows in" in stdout
-    _wait_for(lambda: len(servicer.stalls_ended) == ended_before + 2, 10, "cancelled calls")
+    wait_until(lambda: len(servicer.stalls_ended) == ended_before + 2, 10, "cancelled calls")
 
 
 # --------------------------------------------------------------------------------------------

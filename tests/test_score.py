@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import pytest
 from nemo_gym_grpc.bridge.cli import main
 from tests.support import example_rows, resources_server_dir
 from tests.support.fault_proxy import Fault, FaultProxy
+from tests.support.waiting import wait_until
 
 HOLD = "HOLD"  # in a response id: the proxy holds that row's /verify (Fault "hang")
 SLOW = "SLOW"  # in a response id: the proxy delays that row's /verify (Fault "delay")
@@ -215,14 +215,6 @@ def test_no_bridge_at_the_target_exits_1_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
-def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_sigint_keeps_a_valid_prefix_and_a_rerun_completes(proxied_bridge, tmp_path):
     proxy, bridge = proxied_bridge
     rows = rollout_rows(24, marked=range(12, 24))  # rows 13.. are held by the proxy
@@ -235,8 +227,8 @@ def test_sigint_keeps_a_valid_prefix_and_a_rerun_completes(proxied_bridge, tmp_p
     with open(tmp_path / "stderr", "wb") as err:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err)
     try:
-        _wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") >= 12, 120, "12 rows")
-        _wait_for(lambda: proxy.in_flight >= 4, 60, "held rows in flight")
+        wait_until(lambda: out.exists() and out.read_bytes().count(b"\n") >= 12, 120, "12 rows")
+        wait_until(lambda: proxy.in_flight >= 4, 60, "held rows in flight")
         os.kill(proc.pid, signal.SIGINT)
         stdout, _ = proc.communicate(timeout=60)
     finally:
@@ -249,7 +241,7 @@ def test_sigint_keeps_a_valid_prefix_and_a_rerun_completes(proxied_bridge, tmp_p
     assert [r["reward"] for r in records] == [r["reward"] for r in rows[:12]]
     assert b"12 of 24 rows in" in stdout
     assert "SIGINT: stopping" in (tmp_path / "stderr").read_text()
-    _wait_for(lambda: proxy.in_flight == 0, 30, "the bridge to cancel the held /verify calls")
+    wait_until(lambda: proxy.in_flight == 0, 30, "the bridge to cancel the held /verify calls")
 
     proxy.set_faults()  # nothing held any more
     done = score_cli(*args, "--no-progress")

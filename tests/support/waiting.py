@@ -1,0 +1,19 @@
+"""Waiting for a condition in a test, with a bound."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll `condition` every 50 ms until it is truthy.
+
+    Raises:
+        AssertionError: naming `what`, when `timeout` seconds pass first.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
