@@ -6,8 +6,8 @@ with the reply its body matches): NeMo Gym 0.4.0 has no `mask_sample` / `failure
 no 0.7.0 server that runs offline here produces a degraded-but-valid reply on demand
 (nemo_user_sim needs the `usersim` package and a user model; the sandbox tools need a
 sandbox). The replies are the notes' Step 4 table, cases A-I (what real 0.7.0 servers send,
-`judge_failsafe`'s row captured from one). A real 0.7.0 judge failure is tested with the
-0.7.0 harness.
+`judge_failsafe`'s row captured from one). The last test runs real 0.7.0 mcqa, whose success
+replies carry the new keys unset.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from google.rpc import code_pb2
 
 from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
-from tests.support import closed_port
+from tests.support import closed_port, example_rows
 from tests.support.fault_proxy import Fault, FaultProxy
-from tests.support.items import error_info, scored
+from tests.support.items import error_info, mcqa_item, scored, wrong_letter
 from tests.test_nemo_gym_adapter import MASKED_07, SCORED_07
 
 ROW = {"question": "2+2?", "expected_answer": "A"}
@@ -180,3 +180,27 @@ def test_trl_gets_the_failure_kind_and_counts_degraded_items(start_bridge, proxy
     ]
     assert metrics["rewards/nemo_gym/degraded_fraction"] == pytest.approx(2 / 5)
     assert metrics["rewards/nemo_gym/failed_fraction"] == pytest.approx(2 / 5)
+
+
+@pytest.mark.nemo_gym_07
+def test_real_0_7_mcqa_success_replies_still_score(nemo_gym, bridge_target):
+    """Real NeMo Gym 0.7 mcqa: every reply carries `mask_sample: false, failure_kind: null,
+    failure_reason: null`; right answers score 1.0, wrong ones 0.0, with no diagnostics."""
+    rows = example_rows("mcqa", nemo_gym.venv)
+    items = []
+    for i, row in enumerate(rows):
+        right, wrong = row["expected_answer"], wrong_letter(row["expected_answer"])
+        items.append(mcqa_item(f"right-{i}", row, right, include_reply=True))
+        items.append(mcqa_item(f"wrong-{i}", row, wrong, include_reply=True))
+    with grpc.insecure_channel(bridge_target) as channel:
+        results = scored(verify_pb2_grpc.VerifyServiceStub(channel), items)
+    for request_id, result in results.items():
+        assert result.WhichOneof("outcome") == "reward", result.error.message
+        assert result.reward == (1.0 if request_id.startswith("right") else 0.0)
+        assert (result.failure_kind, result.failure_reason) == ("", "")
+        reply = json.loads(result.reply_json)
+        assert (reply["mask_sample"], reply["failure_kind"], reply["failure_reason"]) == (
+            False,
+            None,
+            None,
+        )
