@@ -223,11 +223,13 @@ class _Stream:
                 for request in batch.items:
                     await self._slots.acquire()
                     self.accepted += 1
+                    # An empty id is no id: check_item refuses every such item the same way.
                     if request.request_id in self._in_flight_ids:
                         refused = self._verifier.failed(request, _duplicate(request))
                         self._finished.put_nowait(_Finished(refused, frees_id=False))
                         continue
-                    self._in_flight_ids.add(request.request_id)
+                    if request.request_id:
+                        self._in_flight_ids.add(request.request_id)
                     task = asyncio.create_task(self._score(request))
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)

@@ -99,11 +99,14 @@ class Upstreams:
 
     async def resolve(self, name: str) -> list[str]:
         """The base URLs (one or more replicas) for `name`, re-discovering once when it is
-        unknown.
+        unknown (at most once per `min_rediscover_interval`; logged at INFO).
 
         Raises:
-            errors.ItemError: NOT_FOUND / UNKNOWN_RESOURCES_SERVER naming the known servers
-                and, when the head server could not be read, why (`discoveryError`).
+            errors.ItemError: UNAVAILABLE / HEAD_SERVER_UNAVAILABLE when `name` is unknown
+                and the head server could not be read the last time it was asked (the name
+                may be there; `discoveryError` says why); NOT_FOUND /
+                UNKNOWN_RESOURCES_SERVER when the head server answered without it, or there
+                is no head server. Both name the known servers.
         """
         urls = self.get(name)
         if urls:
@@ -114,26 +117,38 @@ class Upstreams:
                 if urls:
                     return urls
                 if time.monotonic() - self._last_discovery >= self._interval:
+                    log.info(
+                        "resources server %r is unknown: discovering from the head server %s",
+                        name[:100],
+                        self.head_url,
+                        extra={"event": "rediscovery", "resources_server": name[:100]},
+                    )
                     try:
-                        await self.discover()
+                        found = await self.discover()
                     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                         log.warning("re-discovery from %s failed: %r", self.head_url, exc)
+                    else:
+                        log.info("re-discovery found %d resources servers", len(found))
                 urls = self.get(name)
                 if urls:
                     return urls
         known = ", ".join(sorted(self.names())) or "none"
-        failed = self.discovery_error
+        failed = self.discovery_error if self.head_url else None
+        if failed:
+            raise errors.ItemError(
+                code_pb2.UNAVAILABLE,
+                errors.HEAD_SERVER_UNAVAILABLE,
+                f"resources server {name[:100]!r} is not known and the head server "
+                f"{self.head_url} could not be read: {failed}; known: {known}",
+                resourcesServer=name[:100],
+                discoveryError=failed,
+                headUrl=self.head_url,
+            )
         raise errors.ItemError(
             code_pb2.NOT_FOUND,
             errors.UNKNOWN_RESOURCES_SERVER,
-            f"unknown resources server {name[:100]!r}; known: {known}"
-            + (
-                f"; discovery from the head server {self.head_url} failed: {failed}"
-                if failed
-                else ""
-            ),
+            f"unknown resources server {name[:100]!r}; known: {known}",
             resourcesServer=name[:100],
-            discoveryError=failed,
         )
 
     def names(self) -> set[str]:

@@ -33,11 +33,11 @@ def check_item(
 
     Raises:
         errors.ItemError: INVALID_ARGUMENT with reason ITEM_TOO_LARGE for an item over
-            `max_item_bytes`; with reason INVALID_ITEM for one without a `resources_server`,
-            with a negative or non-finite `timeout_seconds`, or with JSON text that is
-            invalid, not an object, holds NaN/Infinity, nests too deep, or holds a lone
-            surrogate (a `"\\ud800"` escape: UTF-8 cannot encode it, and a NeMo Gym server
-            answers such a body with HTTP 500).
+            `max_item_bytes`; with reason INVALID_ITEM for one without a `request_id` or a
+            `resources_server`, with a negative or non-finite `timeout_seconds`, or with
+            JSON text that is invalid, not an object, holds NaN/Infinity, nests too deep,
+            or holds a lone surrogate (a `"\\ud800"` escape: UTF-8 cannot encode it, and a
+            NeMo Gym server answers such a body with HTTP 500).
     """
     size = request.ByteSize()
     if size > max_item_bytes:
@@ -48,6 +48,8 @@ def check_item(
             itemBytes=size,
             maxItemBytes=max_item_bytes,
         )
+    if not request.request_id:  # always, so the outcome cannot depend on other items
+        raise errors.invalid_item("request_id is empty", field="request_id")
     if not request.resources_server:
         raise errors.invalid_item("resources_server is empty", field="resources_server")
     if not (math.isfinite(request.timeout_seconds) and request.timeout_seconds >= 0):

@@ -110,7 +110,8 @@ class Verifier:
                 or None.
 
         Returns:
-            A VerifyResponse with `request_id` set and either `reward` or `error`.
+            A VerifyResponse with `request_id` set and either `reward` (with the reply's
+            `failure_kind` / `failure_reason` when it named any) or `error`.
         """
         try:
             scored, seconds = await self._verify(request, deadline)
@@ -130,6 +131,10 @@ class Verifier:
             result.reward_components.update(scored.components)
         if scored.reply_json:
             result.reply_json = scored.reply_json
+        if scored.failure_kind:  # a valid but degraded measurement (NeMo Gym >= 0.7)
+            result.failure_kind = scored.failure_kind
+        if scored.failure_reason:
+            result.failure_reason = scored.failure_reason
         return result
 
     def failed(

@@ -9,6 +9,8 @@ the upstream reply (`include_reply`) and report, for a function named NAME
 
 metrics (`log_metric`), one value per call:
 - `rewards/NAME/failed_fraction`: failed items / items (also when the policy gave them 0.0);
+- `rewards/NAME/degraded_fraction`: items scored with a `failure_kind` or `failure_reason`
+  (NeMo Gym >= 0.7: a degraded but valid measurement, its reward kept) / items;
 - `rewards/NAME/latency_seconds`: mean upstream `/verify` wall time of the scored items;
 - `rewards/NAME/components/C`: mean of `reward_components[C]` over items that have it;
 - `rewards/NAME/reply/F`: mean of the upstream reply's numeric field F over items that have
@@ -16,6 +18,8 @@ metrics (`log_metric`), one value per call:
 
 columns (`log_extra`), one value per item (None where an item has no such value):
 - `NAME/error`: the failure's cause ("UNAVAILABLE (UPSTREAM_UNAVAILABLE)"), None on success;
+- `NAME/failure_kind`, `NAME/failure_reason`: a scored item's `VerifyResponse.failure_kind` /
+  `failure_reason`, None when empty or the item failed (a failed item's kind is in its error);
 - `NAME/components/C` and `NAME/reply/F`: the item's values.
 
 Reply fields count when they are numbers (`outcomes.finite_number`), their name does not
@@ -92,6 +96,8 @@ class ExtrasLog:
         if callable(log_metric):
             failed = len(outcomes) - len(scored)
             log_metric(f"rewards/{self.name}/failed_fraction", failed / len(outcomes))
+            degraded = sum(1 for o in scored if o.failure_kind or o.failure_reason)
+            log_metric(f"rewards/{self.name}/degraded_fraction", degraded / len(outcomes))
             if scored:
                 latency = sum(o.latency_seconds for o in scored) / len(scored)
                 log_metric(f"rewards/{self.name}/latency_seconds", latency)
@@ -105,6 +111,11 @@ class ExtrasLog:
         if callable(log_extra):
             causes = [o.cause if isinstance(o, Failure) else None for o in outcomes]
             log_extra(f"{self.name}/error", causes)
+            for key in ("failure_kind", "failure_reason"):
+                column = [
+                    None if isinstance(o, Failure) else getattr(o, key) or None for o in outcomes
+                ]
+                log_extra(f"{self.name}/{key}", column)
             with self._lock:
                 for values in per_item:
                     for key in values:

@@ -65,7 +65,7 @@ def test_unknown_resources_server_is_a_not_found_item_error_naming_known_servers
     assert not result.reward_components
 
 
-def test_an_unreadable_head_server_is_named_in_the_not_found_error(start_bridge):
+def test_an_unreadable_head_server_is_unavailable_not_an_unknown_name(start_bridge):
     head_url = f"http://127.0.0.1:{closed_port()}"
     bridge = start_bridge("--head-url", head_url)
     with grpc.insecure_channel(bridge.target) as channel:
@@ -73,8 +73,9 @@ def test_an_unreadable_head_server_is_named_in_the_not_found_error(start_bridge)
         result = stub.Verify(
             verify_pb2.VerifyRequest(request_id="h", resources_server="mcqa"), timeout=30
         )
-    assert result.error.code == code_pb2.NOT_FOUND
-    assert f"discovery from the head server {head_url} failed: " in result.error.message
+    assert result.error.code == code_pb2.UNAVAILABLE  # issue 10: was NOT_FOUND
+    assert error_info(result).reason == "HEAD_SERVER_UNAVAILABLE"
+    assert f"the head server {head_url} could not be read: " in result.error.message
     assert "Connect" in error_info(result).metadata["discoveryError"]
 
 

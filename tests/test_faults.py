@@ -240,15 +240,15 @@ def test_a_200_reply_without_a_usable_reward_is_a_bad_reply_not_a_reward(stub, p
         ),
         (
             b'{"reward": 0.0, "_ng_failure_class": "verifier_crashed"}',
-            code_pb2.INTERNAL,
-            "UPSTREAM_REPORTED_FAILURE",
+            code_pb2.UNKNOWN,
+            "UPSTREAM_MASKED_SAMPLE",
         ),
         (
             b'{"reward": 0.0, "failure_kind": "judge_timeout", "mask_sample": true}',
-            code_pb2.INTERNAL,
-            "UPSTREAM_REPORTED_FAILURE",
+            code_pb2.UNKNOWN,
+            "UPSTREAM_MASKED_SAMPLE",
         ),
-        (b'{"reward": 0.0, "mask_sample": true}', code_pb2.INTERNAL, "UPSTREAM_REPORTED_FAILURE"),
+        (b'{"reward": 0.0, "mask_sample": true}', code_pb2.UNKNOWN, "UPSTREAM_MASKED_SAMPLE"),
     ],
 )
 def test_failure_markers_in_a_200_reply_are_failures_not_zero_rewards(

@@ -51,8 +51,8 @@ def test_a_reply_gives_its_reward_components_and_only_on_request_its_other_field
         ),
         (
             b'{"reward": 0, "mask_sample": true}',
-            code_pb2.INTERNAL,
-            errors.UPSTREAM_REPORTED_FAILURE,
+            code_pb2.UNKNOWN,
+            errors.UPSTREAM_MASKED_SAMPLE,
         ),
     ],
 )
@@ -61,6 +61,137 @@ def test_a_reply_without_a_usable_reward_is_a_failure_that_is_not_retried(reply,
         nemo_gym.read_verify_reply(reply, URL, False)
     assert (caught.value.code, caught.value.reason) == (code, reason)
     assert not caught.value.retryable and caught.value.metadata["upstreamUrl"] == URL
+
+
+# NeMo Gym 0.7's reply vocabulary: the cases of the 0.7 notes' Step 4 table (A-I), plus the
+# legacy `_ng_failure_class` with another class. mask_sample decides; failure_kind /
+# failure_reason are diagnostics (orthogonal to it).
+JUDGE_FAILSAFE = {  # judge.py::judge_failsafe's row, as a real 0.7.0 math_with_judge sent it
+    "reward": 0.0,
+    "mask_sample": True,
+    "failure_kind": "judge_failed",
+    "failure_reason": "ClientResponseError: 500, message='Internal Server Error'",
+    "instance_config": {"mask_sample": True},
+    "_ng_failure_class": "judge_failed",
+    "_ng_failure_judge_error": "ClientResponseError: 500, message='Internal Server Error'",
+}
+SCORED_07 = {
+    "A": ({"reward": 0.7, "mask_sample": False, "failure_kind": "judge_unparseable"}, 0.7),
+    "B": (
+        {
+            "reward": 0.0,
+            "mask_sample": False,
+            "failure_kind": "usersim:assistant_timeout",
+            "failure_reason": "assistant model timed out",
+        },
+        0.0,
+    ),
+    "C": (
+        {"reward": 1.0, "mask_sample": False, "failure_kind": None, "failure_reason": "none"},
+        1.0,
+    ),
+    "D": ({"reward": 1.0, "mask_sample": False, "failure_kind": None, "failure_reason": None}, 1.0),
+    "0.4": ({"reward": 1.0, "extracted_answer": "B"}, 1.0),
+}
+MASKED_07 = {
+    # case: (reply, code, reason, metadata expected (None = absent), message ends with)
+    "E": (
+        {"reward": 0.0, "mask_sample": True},
+        code_pb2.UNKNOWN,
+        errors.UPSTREAM_MASKED_SAMPLE,
+        {"failureKind": None, "failureReason": None},
+        "masked the sample (mask_sample)",
+    ),
+    "F": (
+        {
+            "reward": 0.0,
+            "mask_sample": True,
+            "failure_kind": "judge_failed",
+            "failure_reason": "judge down",
+        },
+        code_pb2.UNAVAILABLE,
+        errors.UPSTREAM_JUDGE_FAILED,
+        {"failureKind": "judge_failed", "failureReason": "judge down", "failureClass": None},
+        "reported judge_failed: judge down",
+    ),
+    "G": (
+        JUDGE_FAILSAFE,
+        code_pb2.UNAVAILABLE,
+        errors.UPSTREAM_JUDGE_FAILED,
+        {
+            "failureKind": "judge_failed",
+            "failureReason": JUDGE_FAILSAFE["failure_reason"],
+            "failureClass": "judge_failed",
+        },
+        "reported judge_failed: ClientResponseError: 500, message='Internal Server Error'",
+    ),
+    "H": (
+        {
+            "reward": 0.5,
+            "reward_components": {"a": 0.5},
+            "mask_sample": True,
+            "failure_kind": "provider_oom_killed",
+        },
+        code_pb2.UNKNOWN,
+        errors.UPSTREAM_MASKED_SAMPLE,
+        {"failureKind": "provider_oom_killed", "failureReason": None},
+        "reported provider_oom_killed",
+    ),
+    "I": (
+        {"reward": 0.0, "instance_config": {"mask_sample": True}},
+        code_pb2.UNKNOWN,
+        errors.UPSTREAM_MASKED_SAMPLE,
+        {"failureKind": None},
+        "masked the sample (mask_sample)",
+    ),
+    "legacy class": (
+        {"reward": 0.0, "_ng_failure_class": "verifier_crashed"},
+        code_pb2.UNKNOWN,
+        errors.UPSTREAM_MASKED_SAMPLE,
+        {"failureClass": "verifier_crashed", "failureKind": None},
+        "reported verifier_crashed",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCORED_07))
+def test_a_failure_kind_without_a_mask_keeps_its_reward_and_carries_the_diagnostics(case):
+    reply, reward = SCORED_07[case]
+    scored = nemo_gym.read_verify_reply(json.dumps(reply).encode(), URL, True)
+    assert scored.reward == reward
+    assert scored.failure_kind == (reply.get("failure_kind") or "")
+    assert scored.failure_reason == (reply.get("failure_reason") or "")
+
+
+@pytest.mark.parametrize("case", sorted(MASKED_07))
+def test_a_masked_reply_is_a_failure_naming_its_kind_and_reason_never_retried(case):
+    reply, code, reason, metadata, ending = MASKED_07[case]
+    with pytest.raises(errors.ItemError) as caught:
+        nemo_gym.read_verify_reply(json.dumps(reply).encode(), URL, True)
+    error = caught.value
+    assert (error.code, error.reason, error.retryable) == (code, reason, False)
+    for key, value in metadata.items():
+        assert error.metadata.get(key) == value, key
+    assert error.metadata["upstreamUrl"] == URL
+    assert error.message == f"{URL} {ending}"
+    assert "None" not in error.message
+
+
+def test_failure_texts_are_cut_and_made_utf8():
+    reply = {
+        "reward": 0.0,
+        "mask_sample": False,
+        "failure_kind": "k" * 500,
+        "failure_reason": "\ud800" + "r" * 5000,
+    }
+    scored = nemo_gym.read_verify_reply(json.dumps(reply).encode(), URL, False)
+    assert scored.failure_kind == "k" * nemo_gym.MAX_FAILURE_KIND
+    assert len(scored.failure_reason) == nemo_gym.MAX_FAILURE_REASON
+    assert scored.failure_reason.startswith("\ufffdrrr")
+    with pytest.raises(errors.ItemError) as caught:
+        nemo_gym.read_verify_reply(json.dumps({**reply, "mask_sample": True}).encode(), URL, False)
+    assert len(caught.value.metadata["failureReason"]) == nemo_gym.MAX_FAILURE_REASON
+    assert len(caught.value.message) < 500  # the message holds the first 200 characters
 
 
 def test_the_seed_body_is_the_verify_body_without_the_response():

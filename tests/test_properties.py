@@ -31,7 +31,8 @@ REASONS = {
     "UPSTREAM_HTTP_ERROR",
     "UPSTREAM_BAD_REPLY",
     "UPSTREAM_JUDGE_FAILED",
-    "UPSTREAM_REPORTED_FAILURE",
+    "UPSTREAM_MASKED_SAMPLE",
+    "HEAD_SERVER_UNAVAILABLE",
 }
 HTTP_CODES = {
     502: code_pb2.UNAVAILABLE,
@@ -158,7 +159,7 @@ def test_any_items_get_exactly_one_outcome_each(stub, bridge, scripted, items):
             and math.isfinite(request.timeout_seconds)
             and request.timeout_seconds >= 0
         )
-        if not request.resources_server or not valid:
+        if not request.request_id or not request.resources_server or not valid:
             assert result.error.code == code_pb2.INVALID_ARGUMENT, result.error.message
         elif request.resources_server not in ("scripted", "mcqa"):
             assert result.error.code == code_pb2.NOT_FOUND, result.error.message

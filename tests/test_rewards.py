@@ -454,7 +454,12 @@ def test_trl_callbacks_get_failures_latency_and_the_servers_numeric_reply_fields
     assert not [key for key in {**metrics, **columns} if "difficulty" in key]
     assert sorted(metrics) == sorted(
         f"rewards/{name}/{key}"
-        for key in ("failed_fraction", "latency_seconds", "reply/equivalence_score")
+        for key in (
+            "failed_fraction",
+            "degraded_fraction",
+            "latency_seconds",
+            "reply/equivalence_score",
+        )
     )
 
 

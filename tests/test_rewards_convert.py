@@ -442,7 +442,10 @@ def test_all_items_rejected_locally_raise_without_contacting_a_bridge(monkeypatc
     reward_fn = create_nemo_gym_reward_fn({}, {}, max_failure_fraction=1.0)
     metrics = []
     assert reward_fn(**args, log_metric=lambda *m: metrics.append(m)) == [None, None]
-    assert metrics == [("rewards/nemo_gym/failed_fraction", 1.0)]
+    assert metrics == [
+        ("rewards/nemo_gym/failed_fraction", 1.0),
+        ("rewards/nemo_gym/degraded_fraction", 0.0),
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -487,11 +490,14 @@ def test_extras_log_metrics_and_keeps_columns_aligned_across_calls():
     log.emit(first, kwargs)
     assert metrics == [
         ("rewards/fn/failed_fraction", 0.25),
+        ("rewards/fn/degraded_fraction", 0.0),
         ("rewards/fn/latency_seconds", 1.0),
         ("rewards/fn/components/a", 0.5),
     ]
     assert columns == [
         ("fn/error", [None, None, "UNAVAILABLE (UPSTREAM_UNAVAILABLE)", None]),
+        ("fn/failure_kind", [None] * 4),
+        ("fn/failure_reason", [None] * 4),
         ("fn/components/a", [1.0, 0.0, None, None]),
     ]
     metrics.clear()
@@ -500,6 +506,8 @@ def test_extras_log_metrics_and_keeps_columns_aligned_across_calls():
     assert ("rewards/fn/components/b", 2.0) in metrics
     assert columns == [
         ("fn/error", [None]),
+        ("fn/failure_kind", [None]),
+        ("fn/failure_reason", [None]),
         ("fn/components/a", [None]),
         ("fn/components/b", [2.0]),
     ]

@@ -1,14 +1,23 @@
-"""Head-server discovery: the double-encoded /global_config_dict_yaml reply."""
+"""Head-server discovery: the double-encoded /global_config_dict_yaml reply, and what an
+unknown name resolves to (head server unreachable vs name absent)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
+import aiohttp
 import pytest
 import requests
 import yaml
+from aiohttp import web
+from google.rpc import code_pb2
 
+from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import parse_global_config
+from nemo_gym_grpc.bridge.upstreams import Upstreams
+from tests.support import closed_port
 
 
 def test_real_head_server_reply_is_yaml_inside_a_json_string(nemo_gym):
@@ -50,3 +59,105 @@ def test_wildcard_and_localhost_hosts_are_normalised_and_types_become_aliases():
 def test_malformed_replies_raise_value_error(body):
     with pytest.raises(ValueError):
         parse_global_config(body, "http://127.0.0.1:11000")
+
+
+# --- resolving a name: head server unreachable vs name absent ------------------------------
+# A scripted head server (an aiohttp app on loopback): the test needs one that answers, then
+# fails, on demand, which a real NeMo Gym head server does not.
+
+
+def _resolve_error(
+    head: Callable[[], Awaitable[web.Response]] | None, name: str, *, twice: bool = False
+) -> tuple[errors.ItemError, list[str]]:
+    """Resolve `name` against a scripted head server whose `/global_config_dict_yaml` handler
+    is `head` (None: the head server's port is closed); `twice` resolves once before (the
+    minimum re-discovery interval is 0). Returns the ItemError and the discovery error seen
+    after each resolve."""
+
+    async def run() -> tuple[errors.ItemError, list[str]]:
+        runner = None
+        if head is None:
+            head_url = f"http://127.0.0.1:{closed_port()}"
+        else:
+            answer = head
+
+            async def config(_request: web.Request) -> web.Response:
+                return await answer()
+
+            app = web.Application()
+            app.router.add_get("/global_config_dict_yaml", config)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            head_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        seen = []
+        try:
+            async with aiohttp.ClientSession() as session:
+                upstreams = Upstreams({"static": "http://127.0.0.1:1"}, head_url, session, 2.0, 0)
+                for _ in range(2 if twice else 1):
+                    try:
+                        await upstreams.resolve(name)
+                    except errors.ItemError as exc:
+                        error = exc
+                    seen.append(upstreams.discovery_error or "")
+                return error, seen
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+
+    return asyncio.run(run())
+
+
+CONFIG = _reply({"mcqa": {"resources_servers": {"mcqa": {"host": "127.0.0.1", "port": 99}}}})
+
+
+def test_an_unreachable_head_server_is_unavailable_not_an_unknown_name(caplog):
+    with caplog.at_level("INFO", logger="nemo_gym_grpc.bridge.upstreams"):
+        error, _ = _resolve_error(None, "mcqa")
+    assert (error.code, error.reason) == (code_pb2.UNAVAILABLE, errors.HEAD_SERVER_UNAVAILABLE)
+    assert error.metadata["discoveryError"].startswith("ClientConnectorError")
+    assert error.metadata["resourcesServer"] == "mcqa"
+    assert "could not be read" in error.message and "known: static" in error.message
+    assert "'mcqa' is unknown: discovering from the head server" in caplog.text
+
+
+async def _head_503() -> web.Response:
+    return web.Response(status=503, text='{"status": "starting"}')
+
+
+async def _head_ok() -> web.Response:
+    return web.Response(body=CONFIG, content_type="application/json")
+
+
+def test_a_head_server_that_answers_an_error_is_unavailable_too():
+    error, _ = _resolve_error(_head_503, "mcqa")
+    assert (error.code, error.reason) == (code_pb2.UNAVAILABLE, errors.HEAD_SERVER_UNAVAILABLE)
+    assert "503" in error.metadata["discoveryError"]
+
+
+def test_a_name_the_head_server_does_not_list_is_not_found(caplog):
+    with caplog.at_level("INFO", logger="nemo_gym_grpc.bridge.upstreams"):
+        error, seen = _resolve_error(_head_ok, "nope")
+    assert (error.code, error.reason) == (code_pb2.NOT_FOUND, errors.UNKNOWN_RESOURCES_SERVER)
+    assert "discoveryError" not in error.metadata and seen == [""]
+    assert error.message == "unknown resources server 'nope'; known: mcqa, static"
+    assert "re-discovery found 1 resources servers" in caplog.text
+
+
+def test_a_head_server_gone_since_it_last_answered_is_unavailable():
+    answers = iter([_head_ok, _head_503])
+    error, seen = _resolve_error(lambda: next(answers)(), "nope", twice=True)
+    assert seen[0] == "" and "503" in seen[1]
+    assert (error.code, error.reason) == (code_pb2.UNAVAILABLE, errors.HEAD_SERVER_UNAVAILABLE)
+
+
+def test_without_a_head_server_an_unknown_name_is_not_found():
+    async def run() -> errors.ItemError:
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(errors.ItemError) as caught:
+                await Upstreams({"static": "http://127.0.0.1:1"}, None, session).resolve("x")
+        return caught.value
+
+    error = asyncio.run(run())
+    assert (error.code, error.reason) == (code_pb2.NOT_FOUND, errors.UNKNOWN_RESOURCES_SERVER)

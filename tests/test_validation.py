@@ -87,6 +87,8 @@ def test_an_item_over_the_size_limit_is_too_large():
             "timeout_seconds",
             "timeout_seconds must be finite and >= 0, got inf",
         ),
+        (dict(request_id=""), "request_id", "request_id is empty"),
+        (dict(request_id="", seed_session=True), "request_id", "request_id is empty"),
         (dict(row_json="[]"), "row_json", "row_json must be a JSON object, got list"),
         (
             dict(response_json='"text"'),

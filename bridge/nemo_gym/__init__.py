@@ -22,6 +22,8 @@ from nemo_gym_grpc.bridge.nemo_gym.http import (
 from nemo_gym_grpc.bridge.nemo_gym.sessions import SEED_PATH, cookie_header, seed_body
 from nemo_gym_grpc.bridge.nemo_gym.verify import (
     DEFAULT_MODEL,
+    MAX_FAILURE_KIND,
+    MAX_FAILURE_REASON,
     VERIFY_PATH,
     Scored,
     build_verify_body,
@@ -33,6 +35,8 @@ __all__ = [
     "DEFAULT_MODEL",
     "GLOBAL_CONFIG_PATH",
     "LIVENESS_PATH",
+    "MAX_FAILURE_KIND",
+    "MAX_FAILURE_REASON",
     "REQUEST_ID_HEADER",
     "SEED_PATH",
     "VERIFY_PATH",

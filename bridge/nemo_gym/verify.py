@@ -3,8 +3,9 @@
 Request body (`BaseVerifyRequest` plus the server's own row fields): the dataset row's fields
 with None values dropped, `responses_create_params` and `response`. Reply
 (`BaseVerifyResponse`): the request echoed back plus `reward`, optional `reward_components` and
-the server's own fields; judge failures are marked in a 200 reply (`_ng_failure_class`; newer
-releases `failure_kind` / `mask_sample`).
+the server's own fields. A sample that is no valid measurement is marked in a 200 reply
+(`mask_sample`; 0.7's `failure_kind` / `failure_reason` say why; `_ng_failure_class` for a
+judge failure).
 """
 
 from __future__ import annotations
@@ -98,12 +99,22 @@ def build_verify_body(
 
 @dataclass(frozen=True, slots=True)
 class Scored:
-    """What a 200 `/verify` reply says: the reward, its named components, and the reply's
-    other fields as JSON text ("" unless asked for)."""
+    """What a 200 `/verify` reply says: the reward, its named components, the reply's other
+    fields as JSON text ("" unless asked for), and NeMo Gym >= 0.7's diagnostics of a valid
+    but degraded measurement (`failure_kind`, `failure_reason`; "" when the reply has none)."""
 
     reward: float
     components: dict[str, float]
     reply_json: str
+    failure_kind: str = ""
+    failure_reason: str = ""
+
+
+# Longest failure_kind / failure_reason passed on, characters (NeMo Gym's kinds are short
+# names; a reason can hold a whole traceback).
+MAX_FAILURE_KIND = 200
+MAX_FAILURE_REASON = 1000
+JUDGE_FAILED = "judge_failed"
 
 
 def _number(value: Any) -> float | None:
@@ -113,14 +124,72 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _text(value: Any, limit: int) -> str:
+    """A reply's diagnostic value as text of at most `limit` characters ("" for null/"")."""
+    if value is None:
+        return ""
+    return errors.utf8_text(value if isinstance(value, str) else json.dumps(value))[:limit]
+
+
+def masked(reply: dict[str, Any]) -> bool:
+    """True when a `/verify` reply says its reward is no valid measurement: `mask_sample`
+    true at the top level (NeMo Gym >= 0.7) or in `instance_config` (what NeMo RL reads), or
+    the legacy `_ng_failure_class` (0.4-0.7 judge failsafe) set."""
+    config = reply.get("instance_config")
+    return (
+        reply.get("mask_sample") is True
+        or (isinstance(config, dict) and config.get("mask_sample") is True)
+        or bool(reply.get("_ng_failure_class"))
+    )
+
+
+def masked_error(reply: dict[str, Any], url: str) -> errors.ItemError:
+    """The per-item error of a masked reply (see `masked`); never retried (a retry would
+    repeat the scoring and its judge calls; the caller may resubmit).
+
+    UNAVAILABLE / UPSTREAM_JUDGE_FAILED when `failure_kind` or `_ng_failure_class` is
+    "judge_failed" (a judge model that failed is usually back a moment later). Else UNKNOWN /
+    UPSTREAM_MASKED_SAMPLE: the verdict comes from NeMo Gym's failure kinds, an error space
+    that does not say whether the cause is transient (gRPC's guide: UNKNOWN for "a status from
+    an error space not known here" and for errors "that do not return enough error
+    information"); not UNAVAILABLE, which tells clients to retry, nor INTERNAL, which is for
+    broken invariants. Metadata: `upstreamUrl`, `failureKind`, `failureReason`,
+    `failureClass` (those the reply has).
+    """
+    kind = _text(reply.get("failure_kind"), MAX_FAILURE_KIND)
+    failure_class = _text(reply.get("_ng_failure_class"), MAX_FAILURE_KIND)
+    why = _text(
+        reply.get("failure_reason") or reply.get("_ng_failure_judge_error"), MAX_FAILURE_REASON
+    )
+    judge = JUDGE_FAILED in (kind, failure_class)
+    name = kind or failure_class
+    message = f"{url} reported {name}" if name else f"{url} masked the sample (mask_sample)"
+    if why:
+        message += f": {why[:200]}"
+    return errors.ItemError(
+        code_pb2.UNAVAILABLE if judge else code_pb2.UNKNOWN,
+        errors.UPSTREAM_JUDGE_FAILED if judge else errors.UPSTREAM_MASKED_SAMPLE,
+        message,
+        retryable=False,
+        upstreamUrl=url,
+        failureKind=kind or None,
+        failureReason=why or None,
+        failureClass=failure_class or None,
+    )
+
+
 def read_verify_reply(raw: bytes, url: str, include_reply: bool) -> Scored:
     """The score in a 200 `/verify` body; `include_reply` keeps the reply's other fields.
 
+    A reply with `failure_kind` / `failure_reason` but not masked (NeMo Gym >= 0.7: the two
+    are orthogonal) is a valid measurement: its reward is returned, with the two in
+    `Scored.failure_kind` / `failure_reason`.
+
     Raises:
-        errors.ItemError: the body is not a JSON object, has no finite numeric `reward`,
-            has non-numeric `reward_components`, or marks a failure
-            (`_ng_failure_class`, `failure_kind`, `mask_sample`). None is retryable: a retry
-            would repeat the same scoring (and, for judge failures, its judge calls).
+        errors.ItemError: the body is not a JSON object, has no finite numeric `reward`, or
+            has non-numeric `reward_components` (INTERNAL / UPSTREAM_BAD_REPLY); or it is
+            masked (`masked`; see `masked_error`). None is retryable: a retry would repeat
+            the same scoring (and, for judge failures, its judge calls).
     """
 
     def bad_reply(message: str) -> errors.ItemError:
@@ -134,28 +203,8 @@ def read_verify_reply(raw: bytes, url: str, include_reply: bool) -> Scored:
         raise bad_reply(f"reply is not JSON: {raw[:200]!r}") from None
     if not isinstance(reply, dict):
         raise bad_reply(f"reply is not a JSON object: {raw[:200]!r}")
-
-    failure_class = reply.get("_ng_failure_class")
-    if failure_class:
-        judge = failure_class == "judge_failed"
-        detail = reply.get("_ng_failure_judge_error", "")
-        raise errors.ItemError(
-            code_pb2.UNAVAILABLE if judge else code_pb2.INTERNAL,
-            errors.UPSTREAM_JUDGE_FAILED if judge else errors.UPSTREAM_REPORTED_FAILURE,
-            f"{url} reported {failure_class}: {str(detail)[:200]}",
-            retryable=False,  # a retry would repeat the judge calls (the caller may resubmit)
-            upstreamUrl=url,
-            failureClass=failure_class,
-        )
-    if reply.get("failure_kind") or reply.get("mask_sample") is True:
-        raise errors.ItemError(
-            code_pb2.INTERNAL,
-            errors.UPSTREAM_REPORTED_FAILURE,
-            f"{url} reported failure {reply.get('failure_kind')!r}: "
-            f"{str(reply.get('failure_reason') or '')[:200]}",
-            upstreamUrl=url,
-            failureKind=reply.get("failure_kind"),
-        )
+    if masked(reply):
+        raise masked_error(reply, url)
 
     reward = _number(reply.get("reward"))
     if reward is None:
@@ -174,4 +223,10 @@ def read_verify_reply(raw: bytes, url: str, include_reply: bool) -> Scored:
     other = ""
     if include_reply:
         other = json.dumps({k: v for k, v in reply.items() if k not in _TYPED_OR_ECHOED})
-    return Scored(reward, components, other)
+    return Scored(
+        reward,
+        components,
+        other,
+        _text(reply.get("failure_kind"), MAX_FAILURE_KIND),
+        _text(reply.get("failure_reason"), MAX_FAILURE_REASON),
+    )

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dnemo_gym_grpc/v1/verify.proto\x12\x10nemo_gym_grpc.v1\x1a\x17google/rpc/status.proto\"\xa0\x02\n\rVerifyRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10resources_server\x18\x02 \x01(\t\x12)\n\x06prompt\x18\x03 \x03(\x0b\x32\x19.nemo_gym_grpc.v1.Message\x12\x12\n\ncompletion\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x10\n\x08row_json\x18\x06 \x01(\t\x12$\n\x1cresponses_create_params_json\x18\x07 \x01(\t\x12\x15\n\rresponse_json\x18\x08 \x01(\t\x12\x15\n\rinclude_reply\x18\t \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\n \x01(\x01\x12\x14\n\x0cseed_session\x18\x0b \x01(\x08\"\x9f\x02\n\x0eVerifyResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06reward\x18\x02 \x01(\x01H\x00\x12#\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12Q\n\x11reward_components\x18\x03 \x03(\x0b\x32\x36.nemo_gym_grpc.v1.VerifyResponse.RewardComponentsEntry\x12\x12\n\nreply_json\x18\x05 \x01(\t\x12\x17\n\x0flatency_seconds\x18\x06 \x01(\x01\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\t\n\x07outcome\"E\n\x13VerifyStreamRequest\x12.\n\x05items\x18\x01 \x03(\x0b\x32\x1f.nemo_gym_grpc.v1.VerifyRequest\"I\n\x14VerifyStreamResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .nemo_gym_grpc.v1.VerifyResponse\"(\n\x07Message\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\".\n\x1bListResourcesServersRequest\x12\x0f\n\x07refresh\x18\x01 \x01(\x08\"\\\n\x1cListResourcesServersResponse\x12<\n\x11resources_servers\x18\x01 \x03(\x0b\x32!.nemo_gym_grpc.v1.ResourcesServer\"F\n\x0fResourcesServer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rupstream_urls\x18\x02 \x03(\t\x12\x0e\n\x06source\x18\x03 \x01(\t2\xb6\x02\n\rVerifyService\x12K\n\x06Verify\x12\x1f.nemo_gym_grpc.v1.VerifyRequest\x1a .nemo_gym_grpc.v1.VerifyResponse\x12\x61\n\x0cVerifyStream\x12%.nemo_gym_grpc.v1.VerifyStreamRequest\x1a&.nemo_gym_grpc.v1.VerifyStreamResponse(\x01\x30\x01\x12u\n\x14ListResourcesServers\x12-.nemo_gym_grpc.v1.ListResourcesServersRequest\x1a..nemo_gym_grpc.v1.ListResourcesServersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dnemo_gym_grpc/v1/verify.proto\x12\x10nemo_gym_grpc.v1\x1a\x17google/rpc/status.proto\"\xa0\x02\n\rVerifyRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10resources_server\x18\x02 \x01(\t\x12)\n\x06prompt\x18\x03 \x03(\x0b\x32\x19.nemo_gym_grpc.v1.Message\x12\x12\n\ncompletion\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x10\n\x08row_json\x18\x06 \x01(\t\x12$\n\x1cresponses_create_params_json\x18\x07 \x01(\t\x12\x15\n\rresponse_json\x18\x08 \x01(\t\x12\x15\n\rinclude_reply\x18\t \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\n \x01(\x01\x12\x14\n\x0cseed_session\x18\x0b \x01(\x08\"\xcd\x02\n\x0eVerifyResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06reward\x18\x02 \x01(\x01H\x00\x12#\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12Q\n\x11reward_components\x18\x03 \x03(\x0b\x32\x36.nemo_gym_grpc.v1.VerifyResponse.RewardComponentsEntry\x12\x12\n\nreply_json\x18\x05 \x01(\t\x12\x17\n\x0flatency_seconds\x18\x06 \x01(\x01\x12\x14\n\x0c\x66\x61ilure_kind\x18\x07 \x01(\t\x12\x16\n\x0e\x66\x61ilure_reason\x18\x08 \x01(\t\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\t\n\x07outcome\"E\n\x13VerifyStreamRequest\x12.\n\x05items\x18\x01 \x03(\x0b\x32\x1f.nemo_gym_grpc.v1.VerifyRequest\"I\n\x14VerifyStreamResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .nemo_gym_grpc.v1.VerifyResponse\"(\n\x07Message\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\".\n\x1bListResourcesServersRequest\x12\x0f\n\x07refresh\x18\x01 \x01(\x08\"\\\n\x1cListResourcesServersResponse\x12<\n\x11resources_servers\x18\x01 \x03(\x0b\x32!.nemo_gym_grpc.v1.ResourcesServer\"F\n\x0fResourcesServer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rupstream_urls\x18\x02 \x03(\t\x12\x0e\n\x06source\x18\x03 \x01(\t2\xb6\x02\n\rVerifyService\x12K\n\x06Verify\x12\x1f.nemo_gym_grpc.v1.VerifyRequest\x1a .nemo_gym_grpc.v1.VerifyResponse\x12\x61\n\x0cVerifyStream\x12%.nemo_gym_grpc.v1.VerifyStreamRequest\x1a&.nemo_gym_grpc.v1.VerifyStreamResponse(\x01\x30\x01\x12u\n\x14ListResourcesServers\x12-.nemo_gym_grpc.v1.ListResourcesServersRequest\x1a..nemo_gym_grpc.v1.ListResourcesServersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,21 +37,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFYREQUEST']._serialized_start=77
   _globals['_VERIFYREQUEST']._serialized_end=365
   _globals['_VERIFYRESPONSE']._serialized_start=368
-  _globals['_VERIFYRESPONSE']._serialized_end=655
-  _globals['_VERIFYRESPONSE_REWARDCOMPONENTSENTRY']._serialized_start=589
-  _globals['_VERIFYRESPONSE_REWARDCOMPONENTSENTRY']._serialized_end=644
-  _globals['_VERIFYSTREAMREQUEST']._serialized_start=657
-  _globals['_VERIFYSTREAMREQUEST']._serialized_end=726
-  _globals['_VERIFYSTREAMRESPONSE']._serialized_start=728
-  _globals['_VERIFYSTREAMRESPONSE']._serialized_end=801
-  _globals['_MESSAGE']._serialized_start=803
-  _globals['_MESSAGE']._serialized_end=843
-  _globals['_LISTRESOURCESSERVERSREQUEST']._serialized_start=845
-  _globals['_LISTRESOURCESSERVERSREQUEST']._serialized_end=891
-  _globals['_LISTRESOURCESSERVERSRESPONSE']._serialized_start=893
-  _globals['_LISTRESOURCESSERVERSRESPONSE']._serialized_end=985
-  _globals['_RESOURCESSERVER']._serialized_start=987
-  _globals['_RESOURCESSERVER']._serialized_end=1057
-  _globals['_VERIFYSERVICE']._serialized_start=1060
-  _globals['_VERIFYSERVICE']._serialized_end=1370
+  _globals['_VERIFYRESPONSE']._serialized_end=701
+  _globals['_VERIFYRESPONSE_REWARDCOMPONENTSENTRY']._serialized_start=635
+  _globals['_VERIFYRESPONSE_REWARDCOMPONENTSENTRY']._serialized_end=690
+  _globals['_VERIFYSTREAMREQUEST']._serialized_start=703
+  _globals['_VERIFYSTREAMREQUEST']._serialized_end=772
+  _globals['_VERIFYSTREAMRESPONSE']._serialized_start=774
+  _globals['_VERIFYSTREAMRESPONSE']._serialized_end=847
+  _globals['_MESSAGE']._serialized_start=849
+  _globals['_MESSAGE']._serialized_end=889
+  _globals['_LISTRESOURCESSERVERSREQUEST']._serialized_start=891
+  _globals['_LISTRESOURCESSERVERSREQUEST']._serialized_end=937
+  _globals['_LISTRESOURCESSERVERSRESPONSE']._serialized_start=939
+  _globals['_LISTRESOURCESSERVERSRESPONSE']._serialized_end=1031
+  _globals['_RESOURCESSERVER']._serialized_start=1033
+  _globals['_RESOURCESSERVER']._serialized_end=1103
+  _globals['_VERIFYSERVICE']._serialized_start=1106
+  _globals['_VERIFYSERVICE']._serialized_end=1416
 # @@protoc_insertion_point(module_scope)

@@ -66,7 +66,8 @@ class VerifyRequest(_message.Message):
     SEED_SESSION_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Set by the client; echoed unchanged in the matching VerifyResponse.
-    Must be unique among the items in flight on one VerifyStream.
+    Required (an empty one is always INVALID_ARGUMENT), and unique among the
+    items in flight on one VerifyStream.
     """
     resources_server: _builtins.str
     """Routing key: the name of the NeMo Gym resources server that scores this
@@ -102,10 +103,16 @@ class VerifyRequest(_message.Message):
     need only the reward).
     """
     timeout_seconds: _builtins.float
-    """Per-item time budget for the upstream `/verify` call, in seconds,
-    counted from when the bridge starts the call. 0 = the bridge's default
-    (`--verify-timeout`, 30 s unless set). Always also bounded by the RPC's
-    own gRPC deadline.
+    """Time limit, in seconds, of each upstream HTTP call the item makes: every
+    attempt's `/verify` and, for a session item, every attempt's
+    `/seed_session` get this much each, counted from when that call starts
+    (after the item got an upstream slot). 0 = the bridge's default
+    (`--verify-timeout`, 30 s unless set). Each call is also cut to the RPC's
+    gRPC deadline (minus 50 ms). It is not a budget for the whole item: an
+    item may make up to `--retry-attempts` attempts (each a `/seed_session`
+    then a `/verify` for a session), and no attempt starts after
+    `--retry-budget` seconds from the first; the RPC deadline bounds the
+    whole item, so set one for a hard bound.
     """
     seed_session: _builtins.bool
     """If true, the item runs as its own NeMo Gym session: the bridge first
@@ -178,6 +185,8 @@ class VerifyResponse(_message.Message):
     REWARD_COMPONENTS_FIELD_NUMBER: _builtins.int
     REPLY_JSON_FIELD_NUMBER: _builtins.int
     LATENCY_SECONDS_FIELD_NUMBER: _builtins.int
+    FAILURE_KIND_FIELD_NUMBER: _builtins.int
+    FAILURE_REASON_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The `request_id` of the VerifyRequest this answers."""
     reward: _builtins.float
@@ -194,13 +203,31 @@ class VerifyResponse(_message.Message):
     """Wall time of the upstream `/verify` call in seconds, as measured by the
     bridge (0 when no call was made).
     """
+    failure_kind: _builtins.str
+    """NeMo Gym >= 0.7 diagnostics of a scored item: the upstream reply's
+    `failure_kind` (a low-cardinality name from `nemo_gym.failure_kinds`, or
+    `<server>:<kind>`, e.g. "usersim:assistant_timeout"; at most 200
+    characters), set only when `reward` is set and the reply named a kind
+    while leaving `mask_sample` false. The reward is then a valid measurement
+    of a degraded run (e.g. the policy's own failure scored 0.0) and must be
+    used like any other reward. Empty otherwise. A reply with `mask_sample`
+    true (or `_ng_failure_class`) is no measurement: it comes back as `error`
+    (reason UPSTREAM_MASKED_SAMPLE or UPSTREAM_JUDGE_FAILED) with the kind and
+    reason in its ErrorInfo metadata (`failureKind`, `failureReason`).
+    """
+    failure_reason: _builtins.str
+    """The upstream reply's free-text `failure_reason` (at most 1,000
+    characters), under the same rule as `failure_kind`: set only for a scored
+    item, also when the reply gave a reason without a kind. Empty otherwise.
+    """
     @_builtins.property
     def error(self) -> _status_pb2.Status:
         """Why the item could not be scored. `code` is a canonical gRPC status
-        code (e.g. UNAVAILABLE: upstream down; DEADLINE_EXCEEDED: upstream too
-        slow; NOT_FOUND: unknown resources server; INVALID_ARGUMENT: bad item
-        or upstream 4xx; INTERNAL: upstream 5xx or a reply without a numeric
-        reward). `message` names the upstream and, for HTTP errors, its status
+        code (e.g. UNAVAILABLE: upstream or head server down, judge failed;
+        DEADLINE_EXCEEDED: upstream too slow; NOT_FOUND: unknown resources
+        server; INVALID_ARGUMENT: bad item or upstream 4xx; INTERNAL: upstream
+        5xx or a reply without a numeric reward; UNKNOWN: the upstream masked
+        the sample). `message` names the upstream and, for HTTP errors, its status
         and the first bytes of its body; one `google.rpc.ErrorInfo` detail
         carries the reason.
         """
@@ -220,10 +247,12 @@ class VerifyResponse(_message.Message):
         reward_components: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         reply_json: _builtins.str = ...,
         latency_seconds: _builtins.float = ...,
+        failure_kind: _builtins.str = ...,
+        failure_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "reward", b"reward"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "latency_seconds", b"latency_seconds", "outcome", b"outcome", "reply_json", b"reply_json", "request_id", b"request_id", "reward", b"reward", "reward_components", b"reward_components"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "failure_kind", b"failure_kind", "failure_reason", b"failure_reason", "latency_seconds", b"latency_seconds", "outcome", b"outcome", "reply_json", b"reply_json", "request_id", b"request_id", "reward", b"reward", "reward_components", b"reward_components"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["reward", "error"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
