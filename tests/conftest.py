@@ -7,8 +7,15 @@ NEMO_GYM_MODULES and those in NEMO_GYM_TESTS. `pytest -m "not nemo_gym"` (the fa
 the rest. A test without the marker that reaches for the NeMo Gym venv or servers anyway
 fails, saying so.
 
-The servers need a Python >= 3.12 for the NeMo Gym venv (see tests/support/venv.py). Without
-one the tests that need them are skipped, or fail when env CI is set.
+Which NeMo Gym the real stack runs: env NEMO_GYM_VERSION (0.7.0 by default, or 0.4.0; see
+tests/support/versions.py), exposed as `nemo_gym.version`. Two more markers split the suite by
+version: `compat` (the tests of COMPAT_MODULES, the version-sensitive paths: discovery, mcqa /
+equivalence scoring, sessions, multireward, the reward functions, TRL) is the subset `make test`
+also runs on 0.4.0, and `nemo_gym_07` (set by a test itself) names a test that needs a 0.7-only
+feature, which is deselected (not skipped) when the selected version is older.
+
+The venv needs its Python (tests/support/versions.py). Without one the tests that need it are
+skipped, or fail when env CI is set.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from tests.support import (
 )
 from tests.support import start_bridge as _start_bridge
 from tests.support.venv import forbid_nemo_gym
+from tests.support.versions import has_readiness_endpoints, selected_version
 
 NEMO_GYM_FIXTURES = frozenset({"nemo_gym", "nemo_gym_venv", "bridge_target", "start_bridge"})
 # Modules whose tests reach NeMo Gym without those fixtures (e.g. example_rows() in the body).
@@ -40,12 +48,32 @@ NEMO_GYM_TESTS = frozenset(
     {"test_faults.py::test_10000_items_against_a_slow_upstream_keep_the_bridge_memory_bounded"}
 )
 
+# Modules whose tests also run on NeMo Gym 0.4.0 (`make test`'s second phase: -m compat).
+COMPAT_MODULES = frozenset(
+    {
+        "test_bridge.py",
+        "test_multireward.py",
+        "test_nemo_gym_harness.py",
+        "test_rewards.py",
+        "test_score.py",
+        "test_sessions.py",
+        "test_trl.py",
+        "test_upstreams.py",
+    }
+)
+
 _timings: list[str] = []
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that needs the real NeMo Gym stack with `nemo_gym`."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that needs the real NeMo Gym stack with `nemo_gym`, those of
+    COMPAT_MODULES with `compat`; deselect `nemo_gym_07` tests when NeMo Gym < 0.7 is selected."""
+    old = not has_readiness_endpoints(selected_version())
+    kept, dropped = [], []
     for item in items:
+        if item.path.name in COMPAT_MODULES:
+            item.add_marker(pytest.mark.compat)
+        (dropped if old and item.get_closest_marker("nemo_gym_07") else kept).append(item)
         fixtures = set(getattr(item, "fixturenames", ()))
         name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
         if (
@@ -54,6 +82,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             or name in NEMO_GYM_TESTS
         ):
             item.add_marker(pytest.mark.nemo_gym)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +114,7 @@ def _unavailable(exc: Exception) -> None:
 
 @pytest.fixture(scope="session")
 def nemo_gym_venv() -> Path:
-    """The cached venv with nemo-gym 0.4.0 (built on first use)."""
+    """The cached venv of the selected NeMo Gym version (built on first use)."""
     try:
         return ensure_venv()
     except NoSuitablePython as exc:
@@ -95,7 +126,7 @@ def nemo_gym_venv() -> Path:
 @pytest.fixture(scope="session")
 def nemo_gym(nemo_gym_venv: Path) -> Iterator[NemoGymServers]:
     """ng_run with the head server and every server in DEFAULT_SERVERS, started once per
-    test session."""
+    test session; `.version` is its NeMo Gym version."""
     servers = NemoGymServers(DEFAULT_SERVERS, venv=nemo_gym_venv)
     servers.start()
     try:
@@ -103,8 +134,8 @@ def nemo_gym(nemo_gym_venv: Path) -> Iterator[NemoGymServers]:
     finally:
         servers.stop()
         _timings.append(
-            f"NeMo Gym ng_run with {len(servers.servers)} resources servers: ready in "
-            f"{servers.startup_seconds} s, stopped in {servers.stop_seconds} s"
+            f"NeMo Gym {servers.version} ng_run with {len(servers.servers)} resources servers: "
+            f"ready in {servers.startup_seconds} s, stopped in {servers.stop_seconds} s"
         )
 
 

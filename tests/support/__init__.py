@@ -1,9 +1,10 @@
 """Run real NVIDIA NeMo Gym resources servers (and our gRPC bridge) for tests, demos, benchmarks.
 
-    ensure_venv()               -> Path of the cached venv with nemo-gym 0.4.0 (venv.py)
+    ensure_venv()               -> Path of the cached venv with nemo-gym 0.7.0 (venv.py)
+    ensure_venv(version="0.4.0")   # or env NEMO_GYM_VERSION=0.4.0 (versions.py)
     example_rows("mcqa")        -> the rows of that server's shipped data/example.jsonl
-    with NemoGymServers(("mcqa",)) as gym:   # NeMo Gym's own `ng_run` (stack.py)
-        gym.head_url, gym.server_urls["mcqa"]
+    with NemoGymServers(("mcqa",), version="0.4.0") as gym:   # NeMo Gym's `ng_run` (stack.py)
+        gym.head_url, gym.server_urls["mcqa"], gym.version
     with start_bridge("--head-url", gym.head_url) as bridge:   # bridge.py
         bridge.target           -> "127.0.0.1:PORT" of `python -m nemo_gym_grpc.bridge serve`
 
@@ -22,15 +23,19 @@ from tests.support.venv import (
     example_rows,
     find_python,
     resources_server_dir,
+    venv_version,
 )
+from tests.support.versions import DEFAULT_VERSION, SPECS, selected_version
 
 __all__ = [
     "DEFAULT_SERVERS",
+    "DEFAULT_VERSION",
     "NEMO_GYM_VERSION",
     "BridgeProcess",
     "NemoGymError",
     "NemoGymServers",
     "NoSuitablePython",
+    "SPECS",
     "ProcInfo",
     "closed_port",
     "ensure_venv",
@@ -40,5 +45,7 @@ __all__ = [
     "group_processes",
     "offline_env",
     "resources_server_dir",
+    "selected_version",
     "start_bridge",
+    "venv_version",
 ]

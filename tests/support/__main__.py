@@ -1,8 +1,10 @@
 """Command line of the harness (CI builds the venv up front so its cost shows as its own step):
 
 python -m tests.support ensure-venv          # build (or find) the cached NeMo Gym venv
-python -m tests.support find-python          # the Python >= 3.12 it is built with
+python -m tests.support find-python          # the Python it is built with
 python -m tests.support run [SERVER ...]     # start servers, print URLs; Ctrl-C stops
+
+Each takes --version 0.7.0 | 0.4.0 (default: env NEMO_GYM_VERSION, else 0.7.0).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from collections.abc import Sequence
 
 from tests.support import (
     DEFAULT_SERVERS,
+    SPECS,
     NemoGymError,
     NemoGymServers,
     NoSuitablePython,
     ensure_venv,
     find_python,
+    venv_version,
 )
 
 
@@ -32,26 +36,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Run real NeMo Gym resources servers for the tests, the demo, benchmarks.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("ensure-venv", help="build (or find) the cached NeMo Gym venv")
-    commands.add_parser("find-python", help="print the Python >= 3.12 used to build the venv")
+    ensure = commands.add_parser("ensure-venv", help="build (or find) the cached NeMo Gym venv")
+    find = commands.add_parser("find-python", help="print the Python used to build the venv")
     run = commands.add_parser(
         "run", help="start servers, print their URLs; Ctrl-C or SIGTERM stops them"
     )
+    for command in (ensure, find, run):
+        command.add_argument("--version", choices=sorted(SPECS), default=None)
     run.add_argument("servers", nargs="*", default=list(DEFAULT_SERVERS))
     args = parser.parse_args(argv)
     try:
         if args.command == "find-python":
-            print(find_python())
+            print(find_python(args.version))
         elif args.command == "ensure-venv":
             started = time.monotonic()
-            venv = ensure_venv()
-            print(f"{venv} ready ({time.monotonic() - started:.1f} s)")
+            venv = ensure_venv(version=args.version)
+            seconds = time.monotonic() - started
+            print(f"{venv} ready: nemo-gym {venv_version(venv)} ({seconds:.1f} s)")
         else:
             # Also when started in the background (`&` leaves SIGINT ignored) or by `kill`.
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.signal(signal.SIGTERM, signal.default_int_handler)
-            with NemoGymServers(args.servers) as gym:
-                print(f"head {gym.head_url} (ng_run pid {gym.pid}, up in {gym.startup_seconds} s)")
+            with NemoGymServers(args.servers, version=args.version) as gym:
+                print(
+                    f"NeMo Gym {gym.version}: head {gym.head_url} (ng_run pid {gym.pid}, "
+                    f"up in {gym.startup_seconds} s)"
+                )
                 for name, url in gym.server_urls.items():
                     print(f"{name} {url}")
                 sys.stdout.flush()

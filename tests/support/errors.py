@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class NoSuitablePython(RuntimeError):
-    """No Python >= 3.12 interpreter was found to build the NeMo Gym venv with."""
+    """No interpreter was found that can build the chosen NeMo Gym version's venv."""
 
 
 class NemoGymError(RuntimeError):

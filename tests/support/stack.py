@@ -1,8 +1,12 @@
 """NeMo Gym's own launcher (`ng_run`: Ray, the head server, resources servers) on loopback.
 
-    with NemoGymServers(("mcqa",)) as gym:
-        gym.head_url, gym.server_urls["mcqa"]
+    with NemoGymServers(("mcqa",), version="0.4.0") as gym:   # version None: env, else 0.7.0
+        gym.head_url, gym.server_urls["mcqa"], gym.version
 
+Launch differences handled here: on 0.7 the head server's /readyz (503 until every server and
+model endpoint is up) is awaited besides every server's `/`, and a config with model servers
+(extra_config) gets `model_endpoint_readiness_timeout_seconds: 0` (0.7 would otherwise wait up
+to 600 s for each model endpoint, e.g. a judge at a closed port; the harness waits itself).
 Env NEMO_GYM_KEEP_WORKDIR=1 keeps a stack's working dir (with its ng_run.log) after stop.
 ng_run gets UV_PYTHON_DOWNLOADS=never, so it never lets uv download a Python.
 """
@@ -26,7 +30,8 @@ import yaml
 from tests.support import procs
 from tests.support.errors import NemoGymError
 from tests.support.procs import ProcInfo, free_ports, group_processes, tail
-from tests.support.venv import check_allowed, ensure_venv, resources_server_dir
+from tests.support.venv import check_allowed, ensure_venv, resources_server_dir, venv_version
+from tests.support.versions import has_readiness_endpoints
 
 DEFAULT_SERVERS = (
     "mcqa",
@@ -90,6 +95,14 @@ class NemoGymServers:
     ng_run starts a local Ray cluster, the head server and one process per resources server; all
     of them stay in one new process group/session led by ng_run (pid recorded), which `stop()`
     ends (SIGINT, then SIGKILL). Use as a context manager or call start()/stop().
+
+    `version` picks the NeMo Gym (ensure_venv(version=...); None: env NEMO_GYM_VERSION, else
+    0.7.0) unless `venv` is given; after start() `version` is the venv's NeMo Gym version.
+    `config_overrides` {server: {key: value}} update a server's block. `extra_config` adds
+    top-level ng_run blocks {instance: {server_type: {type_name: block}}} (e.g. a model server,
+    or a second instance of a resources server): each gets host 127.0.0.1, a free port unless
+    it sets one, entrypoint app.py unless set, a resources server its stock block underneath,
+    and its URL in `server_urls[instance]`.
     """
 
     def __init__(
@@ -97,10 +110,12 @@ class NemoGymServers:
         servers: Iterable[str] = DEFAULT_SERVERS,
         *,
         venv: str | Path | None = None,
+        version: str | None = None,
         startup_timeout: float = 180.0,
         stop_timeout: float = 20.0,
         config_overrides: Mapping[str, Mapping[str, Any]] | None = None,
         keep_workdir: bool | None = None,
+        extra_config: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self.servers = tuple(servers)
         if not self.servers or len(set(self.servers)) != len(self.servers):
@@ -108,7 +123,9 @@ class NemoGymServers:
         self.venv = Path(venv) if venv else None
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
+        self.version = version
         self.config_overrides = {k: dict(v) for k, v in (config_overrides or {}).items()}
+        self.extra_config = {k: dict(v) for k, v in (extra_config or {}).items()}
         if keep_workdir is None:
             keep_workdir = os.environ.get("NEMO_GYM_KEEP_WORKDIR", "") not in ("", "0")
         self.keep_workdir = keep_workdir
@@ -141,7 +158,8 @@ class NemoGymServers:
 
     # start -----------------------------------------------------------------------------------
     def build_config(self, head_port: int, ports: Mapping[str, int], venv: Path) -> dict[str, Any]:
-        """The resources-servers-only ng_run config (no agents, no model servers)."""
+        """The ng_run config: a block per resources server (no agents), the extra_config
+        blocks, the head server; `ports` has one per server and extra instance."""
         config: dict[str, Any] = {}
         for name in self.servers:
             block = stock_server_config(name, venv)
@@ -150,8 +168,30 @@ class NemoGymServers:
             block.update(host="127.0.0.1", port=ports[name], verified=False)
             block.update(self.config_overrides.get(name, {}))
             config[name] = {"resources_servers": {name: block}}
+        for instance, (kind, type_name, given) in self._extra_blocks().items():
+            block = stock_server_config(type_name, venv) if kind == "resources_servers" else {}
+            block.update(entrypoint=block.get("entrypoint") or "app.py")
+            if kind == "resources_servers":
+                block.setdefault("domain", "other")
+                block.update(verified=False)
+            block.update(host="127.0.0.1", port=ports[instance])
+            block.update(given)
+            config[instance] = {kind: {type_name: block}}
+        if self.extra_config and has_readiness_endpoints(self.version):
+            config["model_endpoint_readiness_timeout_seconds"] = 0
         config["head_server"] = {"host": "127.0.0.1", "port": head_port}
         return config
+
+    def _extra_blocks(self) -> dict[str, tuple[str, str, dict[str, Any]]]:
+        """extra_config as {instance: (server kind, type name, block)}."""
+        found = {}
+        for instance, outer in self.extra_config.items():
+            if len(outer) != 1 or len(next(iter(outer.values()))) != 1:
+                raise ValueError(f"extra_config[{instance!r}] must be {{kind: {{type: block}}}}")
+            kind, inner = next(iter(outer.items()))
+            type_name, block = next(iter(inner.items()))
+            found[instance] = (kind, type_name, dict(block))
+        return found
 
     def start(self) -> NemoGymServers:
         """Write the config, start ng_run and wait (at most startup_timeout s) until every
@@ -159,11 +199,19 @@ class NemoGymServers:
         if self._proc is not None:
             raise NemoGymError("already started")
         check_allowed()
-        venv = Path(self.venv or ensure_venv()).absolute()
+        venv = Path(self.venv or ensure_venv(version=self.version)).absolute()
+        found = venv_version(venv)
+        if self.version and found != self.version:
+            raise NemoGymError(f"{venv} has nemo-gym {found}, not {self.version}")
+        self.version = found
         for name in self.servers:
             resources_server_dir(name, venv)  # fail early on unknown names
-        ports = free_ports(len(self.servers) + 1)
-        head_port, server_ports = ports[0], dict(zip(self.servers, ports[1:], strict=True))
+        extra = self._extra_blocks()
+        names = [*self.servers, *extra]
+        ports = free_ports(len(names) + 1)
+        head_port, server_ports = ports[0], dict(zip(names, ports[1:], strict=True))
+        for instance, (_, _, block) in extra.items():
+            server_ports[instance] = int(block.get("port") or server_ports[instance])
 
         self.workdir = Path(tempfile.mkdtemp(prefix="nemo_gym_"))
         self.config_path = self.workdir / "nemo_gym_servers.yaml"
@@ -173,10 +221,12 @@ class NemoGymServers:
         # ng_run's per-server venv is <cwd>/resources_servers/<name>/.venv (its uv_venv_dir
         # default is the cwd for a wheel install); with +skip_venv_if_present=true it only
         # sources that venv's bin/activate instead of building one with uv.
-        for name in self.servers:
-            link = self.workdir / "resources_servers" / name / ".venv"
-            link.parent.mkdir(parents=True)
-            link.symlink_to(venv, target_is_directory=True)
+        kinds = [("resources_servers", n) for n in self.servers] + [k[:2] for k in extra.values()]
+        for kind, type_name in kinds:
+            link = self.workdir / kind / type_name / ".venv"
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.is_symlink():
+                link.symlink_to(venv, target_is_directory=True)
 
         env = offline_env()
         env["RAY_TMPDIR"] = str(self.workdir / "ray")  # this stack's own Ray session files
@@ -227,10 +277,13 @@ class NemoGymServers:
         """Until every server's and the head's `GET /` says {"status": "ok"} and ng_run itself
         logged "All N / N servers ready!" and its server table (it polls every 3 s; a SIGINT
         before then lands in its start-up code, which skips its own shutdown of the servers).
-        That log output is awaited at most NG_RUN_LOG_GRACE s after the HTTP checks pass."""
+        That log output is awaited at most NG_RUN_LOG_GRACE s after the HTTP checks pass.
+        From 0.7 on, the head's /readyz must also answer 200 (503 while servers start)."""
         proc = self._proc
         assert proc is not None, "start() sets it"
         pending = {"head": self.head_url, **self.server_urls}
+        if has_readiness_endpoints(self.version):
+            pending["head /readyz"] = f"{self.head_url}/readyz"
         deadline = started + self.startup_timeout
         http_ready_at: float | None = None
         with requests.Session() as http:
@@ -243,7 +296,10 @@ class NemoGymServers:
                     )
                 for name, url in list(pending.items()):
                     with contextlib.suppress(requests.RequestException, ValueError):
-                        if http.get(f"{url}/", timeout=2).json() == {"status": "ok"}:
+                        if name == "head /readyz":
+                            if http.get(url, timeout=2).status_code == 200:
+                                del pending[name]
+                        elif http.get(f"{url}/", timeout=2).json() == {"status": "ok"}:
                             del pending[name]
                 if not pending:
                     http_ready_at = http_ready_at or time.monotonic()

@@ -1,9 +1,11 @@
-"""The cached venv that runs NeMo Gym's servers: interpreter discovery, build, lock, rows.
+"""The cached venvs that run NeMo Gym's servers: build, lock, version, example rows.
 
-NeMo Gym 0.4.0 needs Python >= 3.12 while this project supports 3.10+, so its servers run from
-a separate venv, built once (about 3 minutes and 1.5 GB) and then reused from
-<cache>/nemo-gym-0.4.0-py3.12. Nothing here lets uv download a Python: uv is not used.
-Environment: NEMO_GYM_PYTHON (interpreter to build with), NEMO_GYM_VENV (venv path).
+Each NeMo Gym version (tests/support/versions.py: 0.7.0 by default, or 0.4.0) runs from its own
+venv, built once (about 3 minutes and 1.5 GB) and then reused from
+<cache>/nemo-gym-<version>-py3.<minor>. Nothing here lets uv download a Python: uv is not used.
+Environment: NEMO_GYM_VERSION (which version), NEMO_GYM_PYTHON (interpreter to build with),
+NEMO_GYM_VENV (a venv to use instead of the cache; one the harness did not build is used as it
+is if it imports nemo_gym, and never deleted).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,22 +22,20 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.support.errors import NemoGymError, NoSuitablePython
+from tests.support.errors import NemoGymError
 from tests.support.procs import tail
-
-NEMO_GYM_VERSION = "0.4.0"
-VENV_PACKAGES = (f"nemo-gym=={NEMO_GYM_VERSION}", "reasoning-gym", "math-verify")
-VENV_IMPORT_CHECK = ("nemo_gym", "reasoning_gym", "math_verify")
-MARKER_NAME = ".complete"
-SUPPORTED_MINORS = (12, 13)  # nemo-gym 0.4.0 declares Python >= 3.12; 3.12 is preferred
-PROGRESS_EVERY = 15.0  # seconds between progress lines while pip runs or a lock is awaited
-BUILD_COST = "about 3 minutes and 1.5 GB of disk on a 2-core machine with a fast PyPI mirror"
-
-INSTALL_HINT = (
-    "The real NeMo Gym servers need a Python >= 3.12 interpreter (nemo-gym 0.4.0 requires it). "
-    "Install one (e.g. `pyenv install 3.12` or `apt-get install python3.12 python3.12-venv`), "
-    "then put `python3.12` on PATH or point NEMO_GYM_PYTHON at it."
+from tests.support.versions import (
+    DEFAULT_VERSION,
+    PythonChoice,
+    choose_python,
+    python_version,
+    spec,
 )
+
+# The version env NEMO_GYM_VERSION chose at import (for reports); functions take version=.
+NEMO_GYM_VERSION = os.environ.get("NEMO_GYM_VERSION") or DEFAULT_VERSION
+MARKER_NAME = ".complete"
+PROGRESS_EVERY = 15.0  # seconds between progress lines while pip runs or a lock is awaited
 
 _forbidden: str | None = None
 
@@ -55,58 +54,9 @@ def check_allowed() -> None:
         raise NemoGymError(_forbidden)
 
 
-def _python_version(executable: str) -> tuple[int, int] | None:
-    """(major, minor) reported by running the interpreter, or None if it does not run."""
-    try:
-        out = subprocess.run(
-            [executable, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    match = re.fullmatch(r"(\d+)\.(\d+)", out.stdout.strip())
-    if out.returncode != 0 or not match:
-        return None  # e.g. a pyenv shim for a version that is not selected
-    return int(match.group(1)), int(match.group(2))
-
-
-def _pyenv_candidates(minor: int) -> list[str]:
-    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
-
-    def key(path: Path) -> tuple[int, ...]:
-        return tuple(int(n) for n in re.findall(r"\d+", path.name))
-
-    folders = sorted((root / "versions").glob(f"3.{minor}*"), key=key, reverse=True)
-    return [
-        str(f / "bin" / "python") for f in folders if re.fullmatch(rf"3\.{minor}(\.\d+)?", f.name)
-    ]
-
-
-def find_python() -> str:
-    """A Python >= 3.12 interpreter, verified by running it.
-
-    Order: env NEMO_GYM_PYTHON (must work if set), then 3.12 (`python3.12` on PATH, pyenv's
-    versions/3.12*), then 3.13 the same way. Raises NoSuitablePython saying what to install.
-    """
-    explicit = os.environ.get("NEMO_GYM_PYTHON")
-    if explicit:
-        version = _python_version(explicit)
-        if version is None or version < (3, 12):
-            found = "does not run" if version is None else f"is Python {version[0]}.{version[1]}"
-            raise NoSuitablePython(f"NEMO_GYM_PYTHON={explicit} {found}. {INSTALL_HINT}")
-        return explicit
-    tried = []
-    for minor in SUPPORTED_MINORS:
-        on_path = shutil.which(f"python3.{minor}")
-        for candidate in ([on_path] if on_path else []) + _pyenv_candidates(minor):
-            tried.append(candidate)
-            if _python_version(candidate) == (3, minor):
-                return candidate
-    detail = f" (tried: {', '.join(tried)})" if tried else ""
-    raise NoSuitablePython(f"No Python >= 3.12 found{detail}. {INSTALL_HINT}")
+def find_python(version: str | None = None) -> str:
+    """The interpreter that builds NeMo Gym `version`'s venv (versions.choose_python)."""
+    return choose_python(version).path
 
 
 def cache_dir() -> Path:
@@ -115,9 +65,9 @@ def cache_dir() -> Path:
     return Path(base) / "nemo_gym_grpc"
 
 
-def default_venv_dir(minor: int = 12) -> Path:
-    """<cache>/nemo-gym-0.4.0-py3.<minor>."""
-    return cache_dir() / f"nemo-gym-{NEMO_GYM_VERSION}-py3.{minor}"
+def default_venv_dir(minor: int, version: str | None = None) -> Path:
+    """<cache>/nemo-gym-<version>-py3.<minor> (version None: selected_version())."""
+    return cache_dir() / f"nemo-gym-{spec(version).version}-py3.{minor}"
 
 
 def venv_is_complete(venv: Path) -> bool:
@@ -126,25 +76,45 @@ def venv_is_complete(venv: Path) -> bool:
     return (venv / MARKER_NAME).is_file() and python.exists() and os.access(python, os.X_OK)
 
 
-def mark_venv_complete(venv: Path, **facts: object) -> None:
-    """Write the completion marker (atomically) with a few facts about the build."""
-    python = venv / "bin" / "python"
-    version = subprocess.run(
-        [str(python), "-c", "import sys; print(sys.version.split()[0])"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout.strip()
+def mark_venv_complete(
+    venv: Path, version: str, packages: Sequence[str] = (), **facts: object
+) -> None:
+    """Write the completion marker (atomically): the NeMo Gym `version`, the venv's Python,
+    the pip `packages` and any other facts about the build."""
+    found = python_version(str(venv / "bin" / "python"))
     info: dict[str, object] = {
-        "nemo_gym": NEMO_GYM_VERSION,
-        "python": version,
-        "packages": list(VENV_PACKAGES),
+        "nemo_gym": version,
+        "python": ".".join(map(str, found)) if found else None,
+        "packages": list(packages),
     }
     info.update(facts)
     tmp = venv / f"{MARKER_NAME}.tmp"
     tmp.write_text(json.dumps(info, indent=2) + "\n")
     tmp.replace(venv / MARKER_NAME)
+
+
+def venv_version(venv: str | Path) -> str:
+    """The NeMo Gym version in `venv`: its marker's, else what the installed nemo-gym
+    distribution says. NemoGymError if the venv has neither."""
+    venv = Path(venv)
+    with contextlib.suppress(OSError, ValueError):
+        recorded = json.loads((venv / MARKER_NAME).read_text()).get("nemo_gym")
+        if isinstance(recorded, str):
+            return recorded
+    probe = "import importlib.metadata as m, nemo_gym; print(m.version('nemo-gym'))"
+    try:
+        out = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NemoGymError(f"{venv}/bin/python does not run: {exc}") from None
+    if out.returncode != 0:
+        raise NemoGymError(f"{venv} cannot import nemo_gym:\n{out.stderr[-2000:]}")
+    return out.stdout.strip()
 
 
 def _check_imports(python: Path, modules: Sequence[str]) -> str | None:
@@ -204,57 +174,107 @@ def _file_lock(path: Path, timeout: float, log: Path | None = None) -> Iterator[
 def ensure_venv(
     venv_dir: str | Path | None = None,
     *,
+    version: str | None = None,
     python: str | None = None,
-    packages: Sequence[str] = VENV_PACKAGES,
-    import_check: Sequence[str] = VENV_IMPORT_CHECK,
+    packages: Sequence[str] | None = None,
+    import_check: Sequence[str] | None = None,
     lock_timeout: float = 1800.0,
     build_timeout: float = 1800.0,
 ) -> Path:
-    """The cached venv that runs the NeMo Gym servers; built on first use.
+    """The cached venv that runs NeMo Gym `version`'s servers (None: env NEMO_GYM_VERSION, else
+    0.7.0); built on first use. The returned path is absolute.
 
-    Path: `venv_dir`, else env NEMO_GYM_VENV, else <cache>/nemo-gym-0.4.0-py3.12 (or -py3.13 if
-    only a 3.13 interpreter exists). The venv counts as built only when its marker file exists;
-    a venv without one is deleted and rebuilt. An fcntl lock on `<venv>.lock` keeps two
-    processes from building at once. The returned path is absolute. Raises NoSuitablePython,
-    or NemoGymError if the build fails or takes longer than `build_timeout` seconds.
+    Path: `venv_dir`, else env NEMO_GYM_VENV, else <cache>/nemo-gym-<version>-py3.<minor>
+    (the first built one of the version's minors, else the minor of the chosen interpreter).
+    `packages` / `import_check` default to the version's (versions.SPECS). A harness venv
+    counts as built only when its marker file exists; an unmarked `venv_dir` or cache venv is
+    deleted and rebuilt. NEMO_GYM_VENV is the user's: without the marker it is used as it is if
+    it imports nemo_gym, else NemoGymError; it is never deleted (a missing path is built).
+    An fcntl lock on `<venv>.lock` keeps two processes from building at once. Raises
+    NoSuitablePython, or NemoGymError if the build fails or takes over `build_timeout` s, or if
+    the venv's NeMo Gym is not the `version` asked for (explicitly or by env).
     """
+    wanted = spec(version)
+    packages = wanted.packages if packages is None else tuple(packages)
+    import_check = wanted.import_check if import_check is None else tuple(import_check)
     if venv_dir is None and packages:
         check_allowed()  # the shared NeMo Gym venv, not a test's own throwaway venv
-    if venv_dir is None and os.environ.get("NEMO_GYM_VENV"):
-        venv_dir = os.environ["NEMO_GYM_VENV"]
+    asked = version or os.environ.get("NEMO_GYM_VERSION")
+    user_venv = os.environ.get("NEMO_GYM_VENV") if venv_dir is None else None
+    if user_venv:
+        venv_dir = Path(user_venv).absolute()
+        if venv_dir.exists() and not venv_is_complete(venv_dir):
+            return _check_version(venv_dir, asked, _use_unmarked(venv_dir))
     if venv_dir is None:
-        for minor in SUPPORTED_MINORS:  # an already built venv needs no interpreter lookup
-            if venv_is_complete(default_venv_dir(minor)):
-                return default_venv_dir(minor).absolute()
+        for minor in wanted.minors:  # an already built venv needs no interpreter lookup
+            if venv_is_complete(default_venv_dir(minor, wanted.version)):
+                return default_venv_dir(minor, wanted.version).absolute()
     if venv_dir is not None and venv_is_complete(Path(venv_dir)):
-        return Path(venv_dir).absolute()
+        return _check_version(Path(venv_dir).absolute(), asked if user_venv else None)
 
-    python = python or find_python()
+    choice = _choice(python, wanted.version)
     if venv_dir is None:
-        version = _python_version(python)
-        venv_dir = default_venv_dir(version[1] if version else 12)
+        venv_dir = default_venv_dir(choice.version[1], wanted.version)
     venv = Path(venv_dir).absolute()
 
     log = venv.with_name(venv.name + ".install.log")
     with _file_lock(venv.with_name(venv.name + ".lock"), lock_timeout, log):
         if venv_is_complete(venv):  # built by another process while we waited
             return venv
-        _build_venv(venv, python, packages, import_check, build_timeout)
+        _build_venv(venv, choice, wanted.version, packages, import_check, build_timeout)
     return venv
 
 
-def _announce(venv: Path, python: str, packages: Sequence[str], log: Path) -> None:
-    version = _python_version(python)
-    shown = f"Python {version[0]}.{version[1]}" if version else "Python"
+def _choice(python: str | None, version: str) -> PythonChoice:
+    if python is None:
+        return choose_python(version)
+    found = python_version(python) or (0, 0, 0)
+    return PythonChoice(python, found, found < spec(version).requires_python)
+
+
+def _use_unmarked(venv: Path) -> str:
+    """The NeMo Gym version of a user's venv the harness did not build (said on stderr)."""
+    try:
+        found = venv_version(venv)
+    except NemoGymError as exc:
+        raise NemoGymError(
+            f"NEMO_GYM_VENV={venv} was not built by the harness (no {MARKER_NAME}) and is not "
+            f"usable: {exc}\nThe harness never deletes it: fix it, delete it (it is then built "
+            "there) or unset NEMO_GYM_VENV."
+        ) from None
+    print(f"using NEMO_GYM_VENV={venv} as it is: nemo-gym {found}", file=sys.stderr)
+    return found
+
+
+def _check_version(venv: Path, asked: str | None, found: str | None = None) -> Path:
+    found = found or venv_version(venv)
+    if asked and found != asked:
+        raise NemoGymError(f"{venv} has nemo-gym {found}, but NeMo Gym {asked} was asked for")
+    return venv
+
+
+def _announce(
+    venv: Path, choice: PythonChoice, version: str, packages: Sequence[str], log: Path
+) -> None:
+    shown = "Python " + ".".join(map(str, choice.version))
     if not packages:
-        print(f"building an empty venv {venv} with {shown} ({python})", file=sys.stderr)
+        print(f"building an empty venv {venv} with {shown} ({choice.path})", file=sys.stderr)
         return
+    need = spec(version).requires_python
+    flag = " --ignore-requires-python" if choice.ignore_requires_python else ""
     print(
-        f"Building the NeMo Gym venv {venv} (first use only; later runs reuse it).\n"
-        f"  What: {' '.join(packages)}, with {shown} ({python}).\n"
-        f"  Why: the tests, the demo and the benchmarks run real NeMo Gym {NEMO_GYM_VERSION} "
-        "resources servers, which need Python >= 3.12 in a venv of their own.\n"
-        f"  Cost: {BUILD_COST}.\n"
+        f"Building the NeMo Gym {version} venv {venv} (first use only; later runs reuse it).\n"
+        f"  What: pip install{flag} {' '.join(packages)}, with {shown} ({choice.path}).\n"
+        f"  Why: the tests, the demo and the benchmarks run real NeMo Gym {version} resources "
+        f"servers, which need Python >= {need[0]}.{need[1]} in a venv of their own.\n"
+        + (
+            f"  Note: nemo-gym {version} declares Requires-Python >= {'.'.join(map(str, need))} "
+            f"and no such interpreter was found, so it is installed on {shown} with "
+            "--ignore-requires-python (its servers run on it; NEMO_GYM_PYTHON picks another).\n"
+            if choice.ignore_requires_python
+            else ""
+        )
+        + f"  Cost: {spec(version).build_cost}.\n"
         f"  Progress below every {PROGRESS_EVERY:.0f} s; full pip log: {log}",
         file=sys.stderr,
     )
@@ -284,7 +304,12 @@ def _run_step(
 
 
 def _build_venv(
-    venv: Path, python: str, packages: Sequence[str], modules: Sequence[str], timeout: float
+    venv: Path,
+    choice: PythonChoice,
+    version: str,
+    packages: Sequence[str],
+    modules: Sequence[str],
+    timeout: float,
 ) -> None:
     if venv.exists() or venv.is_symlink():
         print(f"removing incomplete NeMo Gym venv {venv}", file=sys.stderr)
@@ -293,17 +318,19 @@ def _build_venv(
         else:
             shutil.rmtree(venv)
     log = venv.with_name(venv.name + ".install.log")
-    _announce(venv, python, packages, log)
+    _announce(venv, choice, version, packages, log)
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("PYTHONPATH", None)
     env.pop("VIRTUAL_ENV", None)
     started = time.monotonic()
     deadline = started + timeout
     venv.parent.mkdir(parents=True, exist_ok=True)
+    flags = ["--ignore-requires-python"] if choice.ignore_requires_python else []
     with open(log, "w") as out:
-        steps = [[python, "-m", "venv", *([] if packages else ["--without-pip"]), str(venv)]]
+        steps = [[choice.path, "-m", "venv", *([] if packages else ["--without-pip"]), str(venv)]]
         if packages:
-            steps.append([str(venv / "bin" / "python"), "-m", "pip", "install", *packages])
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install"]
+            steps.append([*pip, *flags, *packages])
         for step in steps:
             code = _run_step(step, out, log, env, started, deadline)
             if code != 0:
@@ -315,7 +342,14 @@ def _build_venv(
     if problem:
         raise NemoGymError(f"the new NeMo Gym venv {venv} cannot import {modules}:\n{problem}")
     seconds = round(time.monotonic() - started, 1)
-    mark_venv_complete(venv, build_seconds=seconds, built_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    mark_venv_complete(
+        venv,
+        version,
+        packages,
+        ignore_requires_python=choice.ignore_requires_python,
+        build_seconds=seconds,
+        built_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
     print(f"built the venv {venv} in {seconds} s", file=sys.stderr)
 
 
