@@ -20,19 +20,23 @@ A fault applies to requests whose body contains `match` (None = every request), 
     cut_body       forward, send the reply's headers and half its body, then close
 
 Counters: `in_flight` (requests being handled now; a client that disconnects ends its
-request), `peak_in_flight`, `total`, and `attempts[request_id]` (`/verify` requests by
-their `X-Request-Id` header, which the bridge sets to the item's request_id).
+request), `peak_in_flight`, `total`, `attempts[request_id]` (`/verify` requests, also under
+NeMo Gym 0.7's `/ng-rollout/<id>` prefix, by their `X-Request-Id` header, which the bridge sets
+to the item's request_id) and `posts[(path, request_id)]` (every POST by its full path).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections import Counter
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+
+_ROLLOUT_VERIFY = re.compile(r"^/ng-rollout/[^/]+/verify$")
 
 
 @dataclass
@@ -80,6 +84,7 @@ class FaultProxy:
         self.peak_in_flight = 0
         self.total = 0
         self.attempts: Counter[str] = Counter()
+        self.posts: Counter[tuple[str, str]] = Counter()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
@@ -129,10 +134,11 @@ class FaultProxy:
         return self.faults
 
     def reset_counters(self) -> None:
-        """Zero `total`, `peak_in_flight` and `attempts` (not `in_flight`)."""
+        """Zero `total`, `peak_in_flight`, `attempts` and `posts` (not `in_flight`)."""
         self.total = 0
         self.peak_in_flight = self.in_flight
         self.attempts = Counter()
+        self.posts = Counter()
 
     async def _open_session(self) -> None:
         connector = aiohttp.TCPConnector(limit=0)
@@ -180,8 +186,10 @@ class FaultProxy:
                 headers={"Content-Type": content_type},
             )
         self.total += 1
-        if request.path == "/verify":
-            self.attempts[request.headers.get("X-Request-Id", "")] += 1
+        request_id = request.headers.get("X-Request-Id", "")
+        self.posts[(request.path, request_id)] += 1
+        if request.path == "/verify" or _ROLLOUT_VERIFY.match(request.path):
+            self.attempts[request_id] += 1
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
