@@ -35,8 +35,11 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 _ROLLOUT_VERIFY = re.compile(r"^/ng-rollout/[^/]+/verify$")
+# The upstream reply's Set-Cookie headers, stored on the proxied request.
+_SET_COOKIE = web.RequestKey("set_cookie", list)
 
 
 @dataclass
@@ -142,7 +145,9 @@ class FaultProxy:
 
     async def _open_session(self) -> None:
         connector = aiohttp.TCPConnector(limit=0)
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self._session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+        )
 
     async def _listen(self) -> None:
         app = web.Application(client_max_size=1 << 30)
@@ -166,12 +171,17 @@ class FaultProxy:
     async def _forward(self, request: web.Request, body: bytes) -> tuple[int, bytes, str]:
         if self.upstream is None:
             return 502, b'"no upstream and no fault for this request"', "application/json"
+        # Session cookies pass both ways (NeMo Gym sessions work through the proxy).
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        if "Cookie" in request.headers:
+            headers["Cookie"] = request.headers["Cookie"]
         async with self._session.request(
             request.method,
             self.upstream + request.path_qs,
             data=body,
-            headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
+            headers=headers,
         ) as reply:
+            request[_SET_COOKIE] = reply.headers.getall("Set-Cookie", [])
             content_type = reply.headers.get("Content-Type", "application/json")
             return reply.status, await reply.read(), content_type
 
@@ -224,4 +234,7 @@ class FaultProxy:
             if action == "cut_body":
                 request.transport.close()
             await asyncio.Event().wait()
-        return web.Response(status=status, body=payload, headers={"Content-Type": content_type})
+        headers = CIMultiDict({"Content-Type": content_type})
+        for cookie in request.get(_SET_COOKIE, ()):
+            headers.add("Set-Cookie", cookie)
+        return web.Response(status=status, body=payload, headers=headers)
