@@ -103,6 +103,17 @@ class BridgeConfig:
         ),
         convert=tuple,
     )
+    rollout_correlation: bool = setting(
+        Flag(
+            "--no-rollout-correlation",
+            "send every upstream call to its plain route, never under NeMo Gym's "
+            "/ng-rollout/<request_id> prefix (by default the prefix is used where the server "
+            "takes it and the request_id is a valid rollout id)",
+            default=False,
+            kind="switch",
+        ),
+        convert=lambda off: not off,
+    )
     verify_timeout: float = setting(
         Flag(
             "--verify-timeout",

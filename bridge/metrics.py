@@ -3,9 +3,14 @@
 - `nemo_gym_grpc_items_total` (counter): items answered, by `resources_server`, `outcome`
   (ok/error), `code` (gRPC code name) and `reason` (ErrorInfo reason, "" when ok);
 - `nemo_gym_grpc_upstream_latency_seconds` (histogram): one upstream HTTP call, by
-  `resources_server` and `route` (/verify, /seed_session);
+  `resources_server` and `route` (/verify, /seed_session, /close_session);
 - `nemo_gym_grpc_upstream_retries_total` (counter): attempts after an item's first, by
   `resources_server` and `reason` (of the failure that was retried);
+- `nemo_gym_grpc_session_closes_total` (counter): `/close_session` calls the bridge made in
+  the background, by `resources_server` and `reason` ("" = closed, else why not);
+- `nemo_gym_grpc_unseeded_items_total` (counter): items run without a session on a server
+  whose `/seed_session` takes a body of its own (it keeps per-session state), by
+  `resources_server`;
 - `nemo_gym_grpc_upstream_in_flight` / `nemo_gym_grpc_upstream_waiting` (gauges): calls
   holding a slot / items waiting for one, by `upstream` (base URL of the replica);
 - `nemo_gym_grpc_active_streams` (gauge): open VerifyStream calls.
@@ -60,6 +65,18 @@ class Metrics:
             ["resources_server", "reason"],
             registry=self.registry,
         )
+        self.closes = Counter(
+            "nemo_gym_grpc_session_closes",
+            "Background /close_session calls, by resources server and failure reason ('' = ok).",
+            ["resources_server", "reason"],
+            registry=self.registry,
+        )
+        self.unseeded = Counter(
+            "nemo_gym_grpc_unseeded_items",
+            "Items run without a session on a server whose /seed_session takes its own body.",
+            ["resources_server"],
+            registry=self.registry,
+        )
         # Labelled children by label values: `labels()` validates and locks on every call.
         self._children: dict[tuple[str, ...], Any] = {}
 
@@ -82,6 +99,15 @@ class Metrics:
     def retry(self, resources_server: str, reason: str) -> None:
         """Count one attempt after an item's first; `reason` is why the previous one failed."""
         self._child(self.retries, "retries", resources_server, reason).inc()
+
+    def close(self, resources_server: str, reason: str) -> None:
+        """Count one background `/close_session` call; `reason` is "" when it closed, else
+        the ErrorInfo-style reason of its failure."""
+        self._child(self.closes, "closes", resources_server, reason).inc()
+
+    def unseeded_item(self, resources_server: str) -> None:
+        """Count one item run without a session on a server that keeps per-session state."""
+        self._child(self.unseeded, "unseeded", resources_server).inc()
 
     def _child(self, metric: Any, kind: str, *labels: str) -> Any:
         key = (kind, *labels)

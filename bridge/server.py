@@ -78,6 +78,7 @@ class Bridge:
         readiness: sets the health statuses from discovery and upstream probes.
         metrics: the counters and gauges `/metrics` serves.
         tls: whether the server speaks TLS.
+        verifier: scores the items; `aclose()` on drain ends its background calls.
     """
 
     server: grpc.aio.Server
@@ -86,6 +87,7 @@ class Bridge:
     readiness: Readiness
     metrics: Metrics
     tls: bool
+    verifier: Verifier
 
 
 async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
@@ -114,6 +116,7 @@ async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
         max_item_bytes=config.max_item_bytes,
         session_servers=config.session_servers,
         metrics=metrics,
+        rollout_correlation=config.rollout_correlation,
     )
     metrics.watch(verifier.balancer, lambda: stream_limit.active)
     verify_service = VerifyService(
@@ -145,6 +148,7 @@ async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
         readiness=readiness,
         metrics=metrics,
         tls=credentials is not None,
+        verifier=verifier,
     )
 
 
@@ -210,6 +214,7 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
             for task in background:
                 task.cancel()
             await bridge.server.stop(config.grace)
+            await bridge.verifier.aclose()  # background /close_session calls
             if metrics_runner is not None:
                 await metrics_runner.cleanup()
             log.info("stopped")

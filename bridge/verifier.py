@@ -73,9 +73,12 @@ class Verifier:
         session_servers: resources server names whose items always run as their own NeMo Gym
             session (as if `seed_session` were set).
         metrics: where outcomes, latencies and retries are counted.
+        rollout_correlation: send an item's calls under `/ng-rollout/<request_id>` to the
+            replicas that take that prefix (NeMo Gym 0.7); False = plain routes only.
 
     Attributes:
         balancer: the replicas called so far and their load.
+        capabilities: what each replica supports (learned on its first call).
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class Verifier:
         max_item_bytes: int,
         session_servers: Iterable[str],
         metrics: Metrics,
+        rollout_correlation: bool = True,
     ) -> None:
         self.upstreams = upstreams
         self._session = session
@@ -98,6 +102,16 @@ class Verifier:
         self._session_servers = frozenset(session_servers)
         self.metrics = metrics
         self.balancer = Balancer(max_in_flight)
+        self.capabilities = nemo_gym.Catalog(session)
+        self._correlate = rollout_correlation
+        self._closer = nemo_gym.Closer(session, self._closed)
+        self._unseeded_warned: set[str] = set()
+
+    async def aclose(self) -> None:
+        """Cancel the `/close_session` calls and capability learning still under way (on
+        drain) and wait for them to end."""
+        await self._closer.aclose()
+        await self.capabilities.aclose()
 
     async def verify(
         self, request: verify_pb2.VerifyRequest, deadline: float | None
@@ -162,7 +176,9 @@ class Verifier:
         name = request.resources_server
         urls = await self.upstreams.resolve(name)
         timeout = request.timeout_seconds or self._default_timeout
-        call = _Call(name, nemo_gym.request_id_header(request.request_id), payload, seed, timeout)
+        header = nemo_gym.request_id_header(request.request_id)
+        rollout = request.request_id if nemo_gym.rollout_prefix(request.request_id, 1) else ""
+        call = _Call(name, header, payload, seed, timeout, rollout)
         policy = self._retry
         bound = time.monotonic() + policy.budget
         if deadline is not None:
@@ -175,7 +191,7 @@ class Verifier:
             replica = self.balancer.pick(urls, tried)
             tried.append(replica.url)
             try:
-                return await self._attempt(replica, call, deadline, request.include_reply)
+                return await self._attempt(replica, call, attempt, deadline, request.include_reply)
             except errors.ItemError as exc:
                 exc.metadata["attempts"] = str(attempt)
                 if not exc.retryable or attempt >= policy.attempts:
@@ -190,44 +206,122 @@ class Verifier:
             attempt += 1
 
     async def _attempt(
-        self, replica: Replica, call: _Call, deadline: float | None, include_reply: bool
+        self,
+        replica: Replica,
+        call: _Call,
+        attempt: int,
+        deadline: float | None,
+        include_reply: bool,
     ) -> tuple[nemo_gym.Scored, float]:
-        """One attempt on one replica, in one of its slots: `/seed_session` (for a session)
-        then `/verify` with that reply's cookies; then its reply read.
+        """Attempt number `attempt` (1 = the first) on one replica, in one of its slots:
+        `/seed_session` (for a session; typed where the replica takes only that) then
+        `/verify` with that reply's cookies, each under the rollout prefix where the replica
+        takes it; then its reply read. A session opened is closed in the background
+        (`nemo_gym.Closer`).
 
         Raises:
             errors.ItemError: the `/verify` failure, or any `/seed_session` failure with
-                reason UPSTREAM_SESSION_FAILED (same codes as for `/verify`).
+                reason UPSTREAM_SESSION_FAILED (same codes as for `/verify`). Not retryable
+                when the replica's `/reverify_mode` is "unsupported" and the `/verify`
+                request may have reached it.
         """
+        wait = nemo_gym.capabilities.LEARN_TIMEOUT
+        if deadline is not None:
+            wait = min(wait, deadline - time.monotonic() - DEADLINE_MARGIN)
+        caps = await self.capabilities.of(replica.url, wait)
+        prefix = ""
+        if self._correlate and caps.correlation and call.rollout_id:
+            prefix = nemo_gym.rollout_prefix(call.rollout_id, attempt)
+        if call.seed is None and caps.custom_seed:
+            self._unseeded(call.name, replica.url)
         async with replica.use() as queued:
             cookie = ""
+            opened: nemo_gym.Opened | None = None
             if call.seed is not None:
-                try:
-                    seeded = await self._post(
-                        replica, nemo_gym.SEED_PATH, call, call.seed, "", deadline, queued
-                    )
-                except errors.ItemError as exc:
-                    exc.reason = errors.UPSTREAM_SESSION_FAILED
-                    raise
-                if seeded.status != 200:
-                    raise errors.http_status_error(
-                        seeded.status,
-                        replica.url + nemo_gym.SEED_PATH,
-                        seeded.body,
-                        errors.UPSTREAM_SESSION_FAILED,
-                    )
-                cookie = nemo_gym.cookie_header(seeded.cookies)
-            reply = await self._post(
-                replica, nemo_gym.VERIFY_PATH, call, call.payload, cookie, deadline, queued
-            )
-        url = replica.url + nemo_gym.VERIFY_PATH
+                opened = nemo_gym.open_session(call.rollout_id, attempt)
+                cookie = await self._seed(replica, call, caps, opened, prefix, deadline, queued)
+            try:
+                path, body = nemo_gym.VERIFY_PATH, call.payload
+                reply = await self._post(
+                    replica, path, call, body, cookie, deadline, queued, prefix
+                )
+            except errors.ItemError as exc:
+                sent = not isinstance(exc, (nemo_gym.Refused, _NotSent))
+                _no_reverify(exc, caps, sent)
+                raise
+            finally:
+                if opened is not None and caps.close_session:
+                    close = replica.url + prefix + nemo_gym.CLOSE_PATH
+                    self._closer.later(close, opened, cookie, call.request_id, call.name)
+        url = replica.url + prefix + nemo_gym.VERIFY_PATH
         try:
             if reply.status != 200:
                 raise errors.http_status_error(reply.status, url, reply.body)
             return nemo_gym.read_verify_reply(reply.body, url, include_reply), reply.seconds
         except errors.ItemError as exc:
             exc.latency_seconds = reply.seconds
+            _no_reverify(exc, caps, sent=True)
             raise
+
+    async def _seed(
+        self,
+        replica: Replica,
+        call: _Call,
+        caps: nemo_gym.Capabilities,
+        opened: nemo_gym.Opened,
+        prefix: str,
+        deadline: float | None,
+        queued: float,
+    ) -> str:
+        """`/seed_session` for session `opened`; returns the `Cookie` header its reply sets.
+        A typed seed that may have reached the server is closed even when it failed.
+
+        Raises:
+            errors.ItemError: with reason UPSTREAM_SESSION_FAILED.
+        """
+        assert call.seed is not None
+        body = call.seed
+        if caps.typed_seed_only:
+            body = nemo_gym.typed_seed_body(opened, call.name, call.rollout_id, call.seed)
+        try:
+            seeded = await self._post(
+                replica, nemo_gym.SEED_PATH, call, body, "", deadline, queued, prefix
+            )
+            if seeded.status != 200:
+                raise errors.http_status_error(
+                    seeded.status,
+                    replica.url + prefix + nemo_gym.SEED_PATH,
+                    seeded.body,
+                    errors.UPSTREAM_SESSION_FAILED,
+                )
+        except errors.ItemError as exc:
+            exc.reason = errors.UPSTREAM_SESSION_FAILED
+            sent = not isinstance(exc, (nemo_gym.Refused, _NotSent))
+            if sent and caps.typed_seed_only and caps.close_session:
+                close = replica.url + prefix + nemo_gym.CLOSE_PATH
+                self._closer.later(close, opened, "", call.request_id, call.name)
+            raise
+        return nemo_gym.cookie_header(seeded.cookies)
+
+    def _closed(self, name: str, reason: str, seconds: float) -> None:
+        """Count one `/close_session` call (reason "" = closed)."""
+        self.metrics.call(name, nemo_gym.CLOSE_PATH, seconds)
+        self.metrics.close(name, reason)
+
+    def _unseeded(self, name: str, url: str) -> None:
+        """Count an item run without a session on a server whose `/seed_session` takes a body
+        of its own; warn once per server name."""
+        self.metrics.unseeded_item(name)
+        if name not in self._unseeded_warned:
+            self._unseeded_warned.add(name)
+            log.warning(
+                "%s (%s) keeps per-session state (its /seed_session takes its own body) but an "
+                "item of it runs without a session, which such a server usually scores 0.0: "
+                "pass --session-server %s or set seed_session on its items",
+                name,
+                url,
+                name,
+            )
 
     async def _post(
         self,
@@ -238,17 +332,19 @@ class Verifier:
         cookie: str,
         deadline: float | None,
         queued: float,
+        prefix: str = "",
     ) -> nemo_gym.Reply:
-        """One POST of `body` to `path` on `replica`, with the item's timeout cut to what the
-        RPC deadline leaves; counted in the latency metric. Raises ItemError."""
-        url = replica.url + path
+        """One POST of `body` to `prefix + path` on `replica`, with the item's timeout cut to
+        what the RPC deadline leaves; counted in the latency metric under `path`. Raises
+        ItemError (`_NotSent` when the deadline passed before sending)."""
+        url = replica.url + prefix + path
         timeout = call.timeout
         if deadline is not None:
             left = deadline - time.monotonic() - DEADLINE_MARGIN
             if left < timeout:
                 timeout = left
                 if timeout <= 0:
-                    raise errors.ItemError(
+                    raise _NotSent(
                         code_pb2.DEADLINE_EXCEEDED,
                         errors.UPSTREAM_TIMEOUT,
                         f"the RPC deadline passed while waiting {queued:.3f} s for a free slot "
@@ -279,14 +375,28 @@ class Verifier:
         return reply
 
 
+class _NotSent(errors.ItemError):
+    """The call was never sent (the RPC deadline passed before it could start)."""
+
+
+def _no_reverify(exc: errors.ItemError, caps: nemo_gym.Capabilities, sent: bool) -> None:
+    """Make a `/verify` failure final when the replica says re-running its `/verify` is not
+    safe (`/reverify_mode` "unsupported") and the request may have reached it (`sent`)."""
+    if sent and exc.retryable and caps.reverify_mode == "unsupported":
+        exc.retryable = False
+        exc.metadata["reverifyMode"] = caps.reverify_mode
+
+
 @dataclass(frozen=True, slots=True)
 class _Call:
     """What every attempt of one item sends: the resources server name, the `X-Request-Id`
-    header value, the `/verify` body, the `/seed_session` body (None = no session) and the
-    per-call timeout in seconds."""
+    header value, the `/verify` body, the `/seed_session` body (None = no session), the
+    per-call timeout in seconds, and the item's request_id when it is a valid NeMo Gym rollout
+    id (else "")."""
 
     name: str
     request_id: str
     payload: bytes
     seed: bytes | None
     timeout: float
+    rollout_id: str = ""

@@ -2,22 +2,35 @@
 
 That server keeps a counter per session: `/seed_session` with `initial_count` sets it, and
 `/verify` rewards 1.0 when the row's `expected_count` equals the counter of the session its
-cookie names (a request without the cookie gets a new, empty session: 0.0).
+cookie names (a request without the cookie gets a new, empty session: 0.0). It takes only the
+legacy seed body (the row) on both 0.4 and 0.7; on 0.7 the bridge also closes each session
+(`/close_session`) and sends its calls under `/ng-rollout/<request_id>`. Typed seeds and
+`/reverify_mode` are also checked on the real 0.7 mcqa, which takes both seed forms.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
+import aiohttp
+import grpc
 import pytest
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.v1 import verify_pb2
+from nemo_gym_grpc.bridge import nemo_gym as gym_api
+from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port, example_rows, start_bridge
+from tests.support.fault_proxy import FaultProxy
 from tests.support.items import error_info
 from tests.support.items import scored as stream
 
 SERVER = "example_session_state_mgmt"
+
+
+def is_07(version: str) -> bool:
+    """Whether NeMo Gym `version` has 0.7's session, correlation and reverify routes."""
+    return tuple(int(part) for part in version.split(".")[:2]) >= (0, 7)
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +155,91 @@ def test_seed_session_failures_are_item_errors_with_their_own_reason(stub):
     assert (failed.error.code, info.reason) == (code_pb2.UNAVAILABLE, "UPSTREAM_SESSION_FAILED")
     assert info.metadata["attempts"] == "3"  # transient: retried like /verify
     assert info.metadata["upstreamUrl"].endswith("/seed_session")
+
+
+def test_an_item_without_a_session_on_this_server_is_named_in_the_log(stub, bridge):
+    """What's wrong without --session-server: the server scores 0.0; the bridge says why."""
+    count = example_rows(SERVER)[0]["initial_count"]
+    assert (
+        reward(stub.Verify(counter_item("unseeded", count, count, seed=False), timeout=30)) == 0.0
+    )
+    deadline = time.monotonic() + 10
+    while f"--session-server {SERVER}" not in bridge.stderr_tail(200):
+        assert time.monotonic() < deadline, bridge.stderr_tail()
+        time.sleep(0.05)
+
+
+def test_each_session_is_closed_once_and_calls_carry_the_rollout_id_on_07_only(nemo_gym):
+    """Through the fault proxy (which sees every POST by path and X-Request-Id): 8 items of a
+    --session-server, each 1.0; on 0.7 each item's seed, verify and close go under
+    /ng-rollout/<request_id>, and its session is closed exactly once; on 0.4 (no such routes)
+    plain /seed_session and /verify, nothing else."""
+    ids = [f"close-{i}" for i in range(8)]
+    with FaultProxy(nemo_gym.server_urls[SERVER]) as proxy:
+        args = ("--server", f"proxied={proxy.url}", "--session-server", "proxied")
+        with start_bridge(*args, "--health-interval", "600") as running:
+            with grpc.insecure_channel(running.target) as channel:
+                stub_ = verify_pb2_grpc.VerifyServiceStub(channel)
+                items = [counter_item(i, 7, 7, seed=False, server="proxied") for i in ids]
+                results = stream(stub_, items)
+            assert [reward(results[i]) for i in ids] == [1.0] * 8
+            routes = ("seed_session", "verify", "close_session")
+            if is_07(nemo_gym.version):
+                expected = {(f"/ng-rollout/{i}/{route}", i): 1 for i in ids for route in routes}
+            else:
+                expected = {(f"/{route}", i): 1 for i in ids for route in routes[:2]}
+            deadline = time.monotonic() + 10  # the closes run in the background
+            while dict(proxy.posts) != expected and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert dict(proxy.posts) == expected
+            assert dict(proxy.attempts) == dict.fromkeys(ids, 1)
+
+
+async def test_what_the_bridge_learns_of_the_real_servers(nemo_gym):
+    async with aiohttp.ClientSession() as session:
+        catalog = gym_api.Catalog(session)
+        counter = await catalog.of(nemo_gym.server_urls[SERVER], 10)
+        mcqa = await catalog.of(nemo_gym.server_urls["mcqa"], 10)
+    assert counter.learned and counter.custom_seed and not counter.typed_seed_only
+    assert mcqa.learned and not mcqa.custom_seed and not mcqa.typed_seed_only
+    if is_07(nemo_gym.version):
+        assert (mcqa.close_session, mcqa.correlation, mcqa.reverify_mode) == (
+            True,
+            True,
+            "stateless",
+        )
+        assert (counter.close_session, counter.correlation, counter.reverify_mode) == (
+            True,
+            True,
+            "unknown",
+        )
+    else:
+        for caps in (counter, mcqa):
+            assert (caps.close_session, caps.correlation, caps.reverify_mode) == (False, False, "")
+
+
+@pytest.mark.nemo_gym_07
+async def test_the_typed_seed_and_close_the_bridge_builds_are_accepted_by_the_real_mcqa(
+    nemo_gym,
+):
+    """mcqa takes both seed forms (the bridge sends it the legacy one); the typed body the
+    bridge sends a typed-only server is checked here against the real schema (extra=forbid)."""
+    url = nemo_gym.server_urls["mcqa"]
+    row = example_rows("mcqa")[0]
+    opened = gym_api.open_session("typed-1", 1)
+    legacy = gym_api.seed_body(dict(row, response={}))
+    typed = gym_api.typed_seed_body(opened, "mcqa", "typed-1", legacy)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+        seeded = await gym_api.post(
+            session, url + "/seed_session", typed, timeout=10, request_id="t"
+        )
+        assert seeded.status == 200, seeded.body
+        assert json.loads(seeded.body)["resources_session_id"] == opened.session_id
+        cookie = gym_api.cookie_header(seeded.cookies)
+        assert cookie
+        body = gym_api.close_body(opened.session_id, opened.episode)
+        closed = await gym_api.post(
+            session, url + "/close_session", body, timeout=10, request_id="t", cookie=cookie
+        )
+    assert closed.status == 200, closed.body
+    assert json.loads(closed.body) == {"resources_session_id": opened.session_id}

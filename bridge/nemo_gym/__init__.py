@@ -1,10 +1,20 @@
 """Everything the bridge knows about NeMo Gym's HTTP API, and the only package that does.
 
-Routes the bridge calls: `POST /verify` (`verify.py`) and `POST /seed_session` (`sessions.py`)
-on a resources server, `GET /` as its liveness probe (`http.py`, with the POST itself and its
-error mapping), and the head server's `GET /global_config_dict_yaml` (`head.py`).
+Routes the bridge calls: `POST /verify` (`verify.py`), `POST /seed_session` and
+`POST /close_session` (`sessions.py`) on a resources server, each under 0.7's
+`/ng-rollout/<id>` prefix where the server has it; `GET /openapi.json` and `/reverify_mode` to
+learn what a server supports (`capabilities.py`); `GET /` as its liveness probe (`http.py`,
+with the POST itself and its error mapping), and the head server's
+`GET /global_config_dict_yaml` (`head.py`).
 """
 
+from nemo_gym_grpc.bridge.nemo_gym.capabilities import (
+    LEGACY,
+    Capabilities,
+    Catalog,
+    read_openapi,
+    rollout_prefix,
+)
 from nemo_gym_grpc.bridge.nemo_gym.head import (
     GLOBAL_CONFIG_PATH,
     global_config,
@@ -19,7 +29,20 @@ from nemo_gym_grpc.bridge.nemo_gym.http import (
     post,
     request_id_header,
 )
-from nemo_gym_grpc.bridge.nemo_gym.sessions import SEED_PATH, cookie_header, seed_body
+from nemo_gym_grpc.bridge.nemo_gym.sessions import (
+    CLOSE_PATH,
+    CLOSE_TIMEOUT,
+    SEED_PATH,
+    Closer,
+    Opened,
+    close_body,
+    cookie_header,
+    episode_id,
+    new_session_id,
+    open_session,
+    seed_body,
+    typed_seed_body,
+)
 from nemo_gym_grpc.bridge.nemo_gym.verify import (
     DEFAULT_MODEL,
     MAX_FAILURE_KIND,
@@ -32,25 +55,39 @@ from nemo_gym_grpc.bridge.nemo_gym.verify import (
 )
 
 __all__ = [
+    "CLOSE_PATH",
+    "CLOSE_TIMEOUT",
     "DEFAULT_MODEL",
     "GLOBAL_CONFIG_PATH",
+    "LEGACY",
     "LIVENESS_PATH",
     "MAX_FAILURE_KIND",
     "MAX_FAILURE_REASON",
     "REQUEST_ID_HEADER",
     "SEED_PATH",
     "VERIFY_PATH",
+    "Capabilities",
+    "Catalog",
+    "Closer",
+    "Opened",
     "Refused",
     "Reply",
     "Scored",
     "answers",
     "build_verify_body",
+    "close_body",
     "completion_response",
     "cookie_header",
+    "episode_id",
     "global_config",
+    "new_session_id",
+    "open_session",
     "parse_global_config",
     "post",
+    "read_openapi",
     "read_verify_reply",
     "request_id_header",
+    "rollout_prefix",
     "seed_body",
+    "typed_seed_body",
 ]

@@ -1,19 +1,45 @@
-"""NeMo Gym sessions: `POST /seed_session` before an item's `/verify`, and its cookies.
+"""NeMo Gym sessions: `POST /seed_session` before an item's `/verify`, its cookies, and
+`POST /close_session` after it.
 
 NeMo Gym keeps per-rollout state behind a session cookie (Starlette's SessionMiddleware). The
-seed call takes the row and answers with a `Set-Cookie`, which the item's `/verify` sends back.
-The bridge's HTTP session keeps no cookies (DummyCookieJar): an item sends exactly the cookies
-its own `/seed_session` reply set, and an item without a session sends none.
+seed call takes the row (the legacy body; 0.7 also takes a typed `ResourcesSeedSessionRequest`,
+and some servers take only that) and answers with a `Set-Cookie`, which the item's `/verify`
+sends back. The bridge's HTTP session keeps no cookies (DummyCookieJar): an item sends exactly
+the cookies its own `/seed_session` reply set, and an item without a session sends none.
+0.7's `/close_session` takes `{resources_session_id, episode_id}` (with the cookie).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from http.cookies import Morsel
 from typing import Any
 
+import aiohttp
+
+from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.nemo_gym.http import post
+
+log = logging.getLogger(__name__)
+
 SEED_PATH = "/seed_session"
+CLOSE_PATH = "/close_session"
+# Seconds one `/close_session` call may take.
+CLOSE_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """One session the bridge opens for one attempt of an item: its `resources_session_id`
+    and NeMo Gym `EpisodeId` dict."""
+
+    session_id: str
+    episode: dict[str, Any]
 
 
 def seed_body(verify_body: Mapping[str, Any]) -> bytes:
@@ -35,3 +61,110 @@ def cookie_header(cookies: Mapping[str, Morsel[str]]) -> str:
         was), or "" when the reply set none.
     """
     return "; ".join(f"{morsel.key}={morsel.coded_value}" for morsel in cookies.values())
+
+
+def new_session_id() -> str:
+    """A fresh `resources_session_id` for one session the bridge opens (it is also a valid
+    NeMo Gym rollout id)."""
+    return f"nemo-gym-grpc-{uuid.uuid4().hex}"
+
+
+def episode_id(rollout_id: str, attempt: int) -> dict[str, Any]:
+    """NeMo Gym's `EpisodeId` for attempt `attempt` (1 = the first) of a rollout:
+    `{"rollout_id": rollout_id, "attempt": attempt - 1}` (NeMo Gym counts re-dispatches from
+    0). `rollout_id` must be a valid rollout id (`capabilities.rollout_prefix` tells)."""
+    return {"rollout_id": rollout_id, "attempt": attempt - 1}
+
+
+def typed_seed_body(opened: Opened, taskset: str, task_id: str, legacy: bytes) -> bytes:
+    """The UTF-8 JSON body of a typed `ResourcesSeedSessionRequest` for session `opened`:
+    `{resources_session_id, episode_id, task_id: {taskset, task_id}, task_data}`, whose
+    `task_data` is the legacy body `legacy` (the row and `responses_create_params`, already
+    encoded: it is spliced in, not parsed again). `taskset` must not be empty; an empty
+    `task_id` is replaced by the session id."""
+    head = {
+        "resources_session_id": opened.session_id,
+        "episode_id": opened.episode,
+        "task_id": {"taskset": taskset, "task_id": task_id or opened.session_id},
+    }
+    text = json.dumps(head, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return text[:-1] + b', "task_data": ' + legacy + b"}"
+
+
+def close_body(session_id: str, episode: Mapping[str, Any]) -> bytes:
+    """The UTF-8 JSON body of `ResourcesCloseSessionRequest{resources_session_id,
+    episode_id}`."""
+    body = {"resources_session_id": session_id, "episode_id": episode}
+    return json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def open_session(rollout_id: str, attempt: int) -> Opened:
+    """A new session for attempt `attempt` (1 = the first) of an item whose rollout id is
+    `rollout_id` ("" when its request_id is no valid rollout id: the session id stands in)."""
+    session_id = new_session_id()
+    return Opened(session_id, episode_id(rollout_id or session_id, attempt))
+
+
+class Closer:
+    """`POST /close_session` calls in background tasks, so that closing never delays or
+    changes an item's result.
+
+    Args:
+        session: the bridge's aiohttp session.
+        record: called once per close with (resources server name, failure reason or "" when
+            closed, seconds taken).
+        timeout: seconds one close may take (`CLOSE_TIMEOUT`).
+    """
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        record: Callable[[str, str, float], None],
+        timeout: float = CLOSE_TIMEOUT,
+    ) -> None:
+        self._session = session
+        self._record = record
+        self._timeout = timeout
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def later(self, url: str, opened: Opened, cookie: str, request_id: str, name: str) -> None:
+        """Close `opened` at `url` (the full `/close_session` URL) with the `Cookie` header
+        `cookie` ("" for none), sending `X-Request-Id: request_id`; `name` is the resources
+        server (for `record`)."""
+        task = asyncio.create_task(self._close(url, opened, cookie, request_id, name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Cancel the closes still under way (on drain) and wait for them to end."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _close(
+        self, url: str, opened: Opened, cookie: str, request_id: str, name: str
+    ) -> None:
+        body = close_body(opened.session_id, opened.episode)
+        reason = message = ""
+        try:
+            reply = await post(
+                self._session,
+                url,
+                body,
+                timeout=self._timeout,
+                request_id=request_id,
+                cookie=cookie,
+            )
+        except errors.ItemError as exc:
+            reason, message, seconds = exc.reason, exc.message, exc.latency_seconds
+        else:
+            seconds = reply.seconds
+            if reply.status != 200:
+                reason = errors.UPSTREAM_HTTP_ERROR
+                message = f"{url}: HTTP {reply.status}: {reply.body[:200]!r}"
+        self._record(name, reason, seconds)
+        if reason:
+            log.warning(
+                "session %s of request_id=%s not closed: %s", opened.session_id, request_id, message
+            )

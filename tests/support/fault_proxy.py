@@ -20,19 +20,26 @@ A fault applies to requests whose body contains `match` (None = every request), 
     cut_body       forward, send the reply's headers and half its body, then close
 
 Counters: `in_flight` (requests being handled now; a client that disconnects ends its
-request), `peak_in_flight`, `total`, and `attempts[request_id]` (`/verify` requests by
-their `X-Request-Id` header, which the bridge sets to the item's request_id).
+request), `peak_in_flight`, `total`, `attempts[request_id]` (`/verify` requests, also under
+NeMo Gym 0.7's `/ng-rollout/<id>` prefix, by their `X-Request-Id` header, which the bridge sets
+to the item's request_id) and `posts[(path, request_id)]` (every POST by its full path).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections import Counter
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
+
+_ROLLOUT_VERIFY = re.compile(r"^/ng-rollout/[^/]+/verify$")
+# The upstream reply's Set-Cookie headers, stored on the proxied request.
+_SET_COOKIE = web.RequestKey("set_cookie", list)
 
 
 @dataclass
@@ -80,6 +87,7 @@ class FaultProxy:
         self.peak_in_flight = 0
         self.total = 0
         self.attempts: Counter[str] = Counter()
+        self.posts: Counter[tuple[str, str]] = Counter()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
@@ -129,14 +137,17 @@ class FaultProxy:
         return self.faults
 
     def reset_counters(self) -> None:
-        """Zero `total`, `peak_in_flight` and `attempts` (not `in_flight`)."""
+        """Zero `total`, `peak_in_flight`, `attempts` and `posts` (not `in_flight`)."""
         self.total = 0
         self.peak_in_flight = self.in_flight
         self.attempts = Counter()
+        self.posts = Counter()
 
     async def _open_session(self) -> None:
         connector = aiohttp.TCPConnector(limit=0)
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self._session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+        )
 
     async def _listen(self) -> None:
         app = web.Application(client_max_size=1 << 30)
@@ -160,12 +171,17 @@ class FaultProxy:
     async def _forward(self, request: web.Request, body: bytes) -> tuple[int, bytes, str]:
         if self.upstream is None:
             return 502, b'"no upstream and no fault for this request"', "application/json"
+        # Session cookies pass both ways (NeMo Gym sessions work through the proxy).
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        if "Cookie" in request.headers:
+            headers["Cookie"] = request.headers["Cookie"]
         async with self._session.request(
             request.method,
             self.upstream + request.path_qs,
             data=body,
-            headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
+            headers=headers,
         ) as reply:
+            request[_SET_COOKIE] = reply.headers.getall("Set-Cookie", [])
             content_type = reply.headers.get("Content-Type", "application/json")
             return reply.status, await reply.read(), content_type
 
@@ -180,8 +196,10 @@ class FaultProxy:
                 headers={"Content-Type": content_type},
             )
         self.total += 1
-        if request.path == "/verify":
-            self.attempts[request.headers.get("X-Request-Id", "")] += 1
+        request_id = request.headers.get("X-Request-Id", "")
+        self.posts[(request.path, request_id)] += 1
+        if request.path == "/verify" or _ROLLOUT_VERIFY.match(request.path):
+            self.attempts[request_id] += 1
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
@@ -216,4 +234,7 @@ class FaultProxy:
             if action == "cut_body":
                 request.transport.close()
             await asyncio.Event().wait()
-        return web.Response(status=status, body=payload, headers={"Content-Type": content_type})
+        headers = CIMultiDict({"Content-Type": content_type})
+        for cookie in request.get(_SET_COOKIE, ()):
+            headers.add("Set-Cookie", cookie)
+        return web.Response(status=status, body=payload, headers=headers)
