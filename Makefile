@@ -23,7 +23,8 @@ help:
 	@echo "make dev          create .venv with the package and its dev tools"
 	@echo "make demo         score NeMo Gym example rows through the bridge (real servers);"
 	@echo "                  installs only the package, no dev tools or torch"
-	@echo "make test         the whole test suite (real NeMo Gym servers); installs everything"
+	@echo "make test         the whole test suite on real NeMo Gym 0.7.0 servers, then its"
+	@echo "                  compat subset on 0.4.0; installs everything"
 	@echo "                  fast tier, no NeMo Gym servers: .venv/bin/python -m pytest -m 'not nemo_gym'"
 	@echo "make proto        regenerate Python code from $(PROTOS)"
 	@echo "make proto-check  fail if the committed generated code is stale"
@@ -67,8 +68,13 @@ typecheck: $(DEV)
 	MYPYPATH=build/typecheck $(PY) -m mypy --config-file pyproject.toml \
 	  -p nemo_gym_grpc.bridge -p nemo_gym_grpc.rewards
 
+# The whole suite on NeMo Gym 0.7.0, then the `compat` subset on 0.4.0 (tests/conftest.py
+# COMPAT_MODULES); each phase prints its time. PYTEST_ARGS passes options to both.
 test: $(DEV)
-	$(PY) -m pytest
+	@t=$$(date +%s); NEMO_GYM_VERSION=0.7.0 $(PY) -m pytest $(PYTEST_ARGS) && \
+	  echo "make test: NeMo Gym 0.7.0, whole suite: $$(( $$(date +%s) - t )) s"
+	@t=$$(date +%s); NEMO_GYM_VERSION=0.4.0 $(PY) -m pytest -m compat $(PYTEST_ARGS) && \
+	  echo "make test: NeMo Gym 0.4.0, compat subset: $$(( $$(date +%s) - t )) s"
 
 $(DEMO_DEPS): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv

@@ -37,7 +37,7 @@ from tests.support import (
 )
 from tests.support import start_bridge as _start_bridge
 from tests.support.venv import forbid_nemo_gym
-from tests.support.versions import has_readiness_endpoints, selected_version
+from tests.support.versions import selected_version, version_tuple
 
 NEMO_GYM_FIXTURES = frozenset({"nemo_gym", "nemo_gym_venv", "bridge_target", "start_bridge"})
 # Modules whose tests reach NeMo Gym without those fixtures (e.g. example_rows() in the body).
@@ -68,7 +68,7 @@ _timings: list[str] = []
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that needs the real NeMo Gym stack with `nemo_gym`, those of
     COMPAT_MODULES with `compat`; deselect `nemo_gym_07` tests when NeMo Gym < 0.7 is selected."""
-    old = not has_readiness_endpoints(selected_version())
+    old = version_tuple(selected_version()) < (0, 7)
     kept, dropped = [], []
     for item in items:
         if item.path.name in COMPAT_MODULES:

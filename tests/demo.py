@@ -1,8 +1,9 @@
 """`make demo` (`python -m tests.demo`): score NeMo Gym example rows through the bridge with
 `reward_nemo_gym_verify`.
 
-Starts real NeMo Gym resources servers (mcqa, equivalence_rule, reasoning_gym,
-example_single_tool_call) with NeMo Gym's own `ng_run`, lets the reward function start its
+Starts real NeMo Gym resources servers (mcqa, equivalence_rule, reasoning_gym; on 0.4.0 also
+example_single_tool_call) of the version env NEMO_GYM_VERSION selects (default 0.7.0) with
+NeMo Gym's own `ng_run`, lets the reward function start its
 embedded bridge (discovering the servers from the head server), scores each server's example
 rows with a right and a wrong completion, prints a table and the items/s of one large batch,
 then stops everything. Exits 1 if a reward is not the expected one.
@@ -14,7 +15,7 @@ import os
 import sys
 import time
 
-from tests.support import NemoGymServers, example_rows
+from tests.support import NemoGymServers, example_rows, selected_version
 
 ROWS_PER_SERVER = 3
 BATCH_ITEMS = 1024
@@ -52,9 +53,10 @@ CASES = {
         "<answer>no idea</answer>",
         0.0,
     ),
-    # NeMo Gym's example_single_tool_call scores every response 1.0 by design.
-    "example_single_tool_call": lambda r: ("(any: always 1.0)", "It is sunny.", "", 1.0),
 }
+if selected_version() == "0.4.0":  # 0.7.0's rewards only a tool call, which text cannot hold
+    # NeMo Gym 0.4.0's example_single_tool_call scores every response 1.0 by design.
+    CASES["example_single_tool_call"] = lambda r: ("(any: always 1.0)", "It is sunny.", "", 1.0)
 
 
 def main() -> int:
@@ -110,7 +112,7 @@ def main() -> int:
     if mismatches:
         print(f"FAILED: {mismatches} rewards differ from the expected ones", file=sys.stderr)
         return 1
-    print("OK: correct completions scored 1.0, wrong ones 0.0 (tool-call server: always 1.0)")
+    print("OK: correct completions scored 1.0, wrong ones 0.0")
     return 0
 
 

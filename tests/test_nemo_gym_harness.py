@@ -1,12 +1,13 @@
 """The real-NeMo-Gym harness itself: servers answer /verify with the expected rewards, the head
-server publishes their ports, and stopping a stack leaves no process behind."""
+server publishes their ports, stopping a stack leaves no process behind, and each NeMo Gym
+version (0.7.0, 0.4.0) gets its own venv, interpreter and launch rules."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
-import stat
+import subprocess
 import sys
 import threading
 import time
@@ -19,13 +20,14 @@ import yaml
 from tests.support import (
     NemoGymError,
     NemoGymServers,
-    NoSuitablePython,
     ensure_venv,
     example_rows,
-    find_python,
     group_processes,
     procs,
+    selected_version,
     stack,
+    venv_version,
+    versions,
 )
 from tests.support import venv as support_venv
 from tests.support.items import mcqa_row
@@ -104,9 +106,31 @@ def test_mcqa_reports_what_it_extracted(nemo_gym):
     assert reply["expected_answer"] == reply["extracted_answer"] == row["expected_answer"]
 
 
-def test_example_single_tool_call_always_rewards_one(nemo_gym):
-    for row, text in zip(example_rows("example_single_tool_call")[:2], ["sunny", ""], strict=True):
-        assert verify(nemo_gym, "example_single_tool_call", row, text)["reward"] == 1.0
+def test_example_single_tool_call_rewards_as_its_version_says(nemo_gym):
+    """0.4.0 rewards every response 1.0; 0.7.0 rewards 1.0 only a get_weather function call."""
+    rows = example_rows("example_single_tool_call")[:2]
+    texts = [
+        verify(nemo_gym, "example_single_tool_call", row, t)["reward"]
+        for row, t in zip(rows, ["sunny", ""], strict=True)
+    ]
+    call = {
+        "id": "fc_harness",
+        "type": "function_call",
+        "call_id": "call_harness",
+        "name": "get_weather",
+        "arguments": json.dumps({"city": "San Francisco"}),
+        "status": "completed",
+    }
+    reply = http.post(
+        f"{nemo_gym.server_urls['example_single_tool_call']}/verify",
+        json={**rows[0], "response": {**assistant_response(""), "output": [call]}},
+        timeout=30,
+    )
+    assert reply.status_code == 200, reply.text[:2000]
+    if versions.version_tuple(nemo_gym.version) >= (0, 7):
+        assert (texts, reply.json()["reward"]) == ([0.0, 0.0], 1.0)
+    else:
+        assert (texts, reply.json()["reward"]) == ([1.0, 1.0], 1.0)
 
 
 def test_head_server_lists_every_server_with_its_port(nemo_gym):
@@ -172,31 +196,6 @@ def test_stop_leaves_no_process_of_the_stack_behind(nemo_gym_venv):
 # Cheap checks of the harness's own logic (no servers)
 
 
-def _fake_python(tmp_path: Path, version: str) -> str:
-    script = tmp_path / f"python{version}"
-    script.write_text(f"#!/bin/sh\necho {version}\n")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return str(script)
-
-
-def test_find_python_gives_a_runnable_312_or_newer():
-    try:
-        python = find_python()
-    except NoSuitablePython as exc:
-        pytest.skip(str(exc))
-    major_minor = support_venv._python_version(python)
-    assert major_minor is not None and major_minor >= (3, 12)
-
-
-def test_find_python_rejects_a_too_old_nemo_gym_python(tmp_path, monkeypatch):
-    monkeypatch.setenv("NEMO_GYM_PYTHON", _fake_python(tmp_path, "3.11"))
-    with pytest.raises(NoSuitablePython, match=r"3\.11.*Install"):
-        find_python()
-    monkeypatch.setenv("NEMO_GYM_PYTHON", str(tmp_path / "missing"))
-    with pytest.raises(NoSuitablePython, match="does not run"):
-        find_python()
-
-
 def test_ensure_venv_rebuilds_an_unmarked_venv_once_under_a_lock(tmp_path, monkeypatch):
     venv = tmp_path / "venv"
     venv.mkdir()
@@ -223,7 +222,7 @@ def test_ensure_venv_rebuilds_an_unmarked_venv_once_under_a_lock(tmp_path, monke
     assert results == [venv, venv] and builds == [venv]
     assert not (venv / "half-built").exists()
     marker = json.loads((venv / support_venv.MARKER_NAME).read_text())
-    assert marker["nemo_gym"] == support_venv.NEMO_GYM_VERSION
+    assert marker["nemo_gym"] == selected_version() == venv_version(venv)
     assert ensure_venv(venv, python="/nonexistent") == venv  # marked: no rebuild, no python
 
 
@@ -232,6 +231,63 @@ def test_ensure_venv_honours_nemo_gym_venv(tmp_path, monkeypatch):
     monkeypatch.setenv("NEMO_GYM_VENV", str(venv))
     built = ensure_venv(python=sys.executable, packages=(), import_check=())
     assert built == venv and support_venv.venv_is_complete(venv)
+
+
+def test_a_users_unmarked_nemo_gym_venv_is_used_as_it_is_never_deleted(
+    nemo_gym_venv, tmp_path, monkeypatch, capsys
+):
+    """A hand-built venv (here: a fresh venv whose .pth line reaches the harness venv's
+    site-packages, so it imports the real nemo_gym) without the harness's marker."""
+    mine = tmp_path / "hand-built"
+    subprocess.run(
+        [str(nemo_gym_venv / "bin" / "python"), "-m", "venv", "--without-pip", str(mine)],
+        check=True,
+        timeout=120,
+    )
+    pth = support_venv.site_packages(mine) / "reach.pth"
+    pth.write_text(f"{support_venv.site_packages(nemo_gym_venv)}\n")
+    monkeypatch.setenv("NEMO_GYM_VENV", str(mine))
+    monkeypatch.delenv("NEMO_GYM_VERSION", raising=False)
+    version = venv_version(nemo_gym_venv)
+    assert ensure_venv(python="/nonexistent") == mine  # no build: no interpreter needed
+    assert f"using NEMO_GYM_VENV={mine} as it is: nemo-gym {version}" in capsys.readouterr().err
+    assert pth.exists() and not (mine / support_venv.MARKER_NAME).exists()
+    other = "0.4.0" if version == "0.7.0" else "0.7.0"
+    with pytest.raises(NemoGymError, match=f"has nemo-gym {version}, but NeMo Gym {other}"):
+        ensure_venv(version=other)
+
+    pth.unlink()  # now it cannot import nemo_gym: a clear error, and the venv stays
+    with pytest.raises(NemoGymError, match="(?s)not built by the harness.*never deletes it"):
+        ensure_venv()
+    assert (mine / "bin" / "python").exists()
+
+
+def test_the_stack_runs_the_selected_version(nemo_gym, nemo_gym_venv):
+    assert nemo_gym.version == selected_version() == venv_version(nemo_gym_venv)
+    assert support_venv.site_packages(nemo_gym_venv).parent.name.startswith("python3.")
+    readyz = http.get(f"{nemo_gym.head_url}/readyz", timeout=10)
+    if versions.has_readiness_endpoints(nemo_gym.version):
+        assert (readyz.status_code, readyz.json()) == (200, {"status": "ok"})
+    else:
+        assert readyz.status_code == 404  # 0.4.0's head server has no readiness route
+
+
+def test_extra_config_adds_a_model_server_and_0_7_skips_its_endpoint_wait(nemo_gym_venv):
+    judge = {"responses_api_models": {"openai_model": {"openai_base_url": "http://x/v1"}}}
+    gym = NemoGymServers(("mcqa",), venv=nemo_gym_venv, extra_config={"judge": judge})
+    gym.version = venv_version(nemo_gym_venv)
+    config = gym.build_config(1, {"mcqa": 2, "judge": 3}, nemo_gym_venv)
+    block = config["judge"]["responses_api_models"]["openai_model"]
+    assert block == {
+        "entrypoint": "app.py",
+        "host": "127.0.0.1",
+        "port": 3,
+        "openai_base_url": "http://x/v1",
+    }
+    skip = config.get("model_endpoint_readiness_timeout_seconds")
+    assert skip == (0 if versions.has_readiness_endpoints(gym.version) else None)
+    with pytest.raises(ValueError, match="must be"):
+        NemoGymServers(("mcqa",), extra_config={"bad": {"a": {}, "b": {}}})._extra_blocks()
 
 
 def test_example_rows_are_the_shipped_rows(nemo_gym_venv):
@@ -295,11 +351,3 @@ def test_a_build_step_past_its_deadline_is_killed_and_reported(tmp_path):
     with open(log, "w") as out, pytest.raises(NemoGymError, match="took over"):
         support_venv._run_step(["sleep", "30"], out, log, dict(os.environ), started, started + 0.5)
     assert time.monotonic() - started < 10
-
-
-def test_a_new_build_says_what_it_builds_and_why(tmp_path, capsys):
-    venv = tmp_path / "announced"
-    support_venv._announce(venv, sys.executable, support_venv.VENV_PACKAGES, tmp_path / "log")
-    text = capsys.readouterr().err
-    assert "nemo-gym==0.4.0" in text and sys.executable in text
-    assert "Python >= 3.12" in text and "1.5 GB" in text and "every 15 s" in text

@@ -31,7 +31,7 @@ from nemo_gym_grpc.rewards import (
     reward_nemo_gym_verify_async,
     settings,
 )
-from tests.support import closed_port, example_rows
+from tests.support import closed_port, example_rows, selected_version
 
 LOGGER = "nemo_gym_grpc.rewards"
 
@@ -169,8 +169,10 @@ def test_every_example_server_scores_its_rows(via_target, loader_rows):
         )
     answers += [f"<answer>{rows[3]['verify_extra']['answer']}</answer>", "<answer>?</answer>"]
     rewards = reward_nemo_gym_verify(**_columns(rows, answers))
-    # NeMo Gym's example_single_tool_call gives every response 1.0 by design.
-    assert rewards == [1.0, 0.0, 1.0, 1.0, 0.0]
+    # NeMo Gym 0.4.0's example_single_tool_call gives every response 1.0 by design; 0.7.0's
+    # only a get_weather function call (a text completion cannot hold one): 0.0.
+    tool = 1.0 if selected_version() == "0.4.0" else 0.0
+    assert rewards == [1.0, 0.0, tool, 1.0, 0.0]
 
 
 def test_a_row_without_responses_create_params_is_scored_from_the_prompt(via_target, loader_rows):

@@ -25,8 +25,8 @@ MCQA_ROW = Path(__file__).resolve().parents[1] / "data" / "mcqa_row.json"
 
 
 def mcqa_row() -> dict[str, Any]:
-    """The first row of NeMo Gym 0.4.0's mcqa data/example.jsonl, from its checked-in copy
-    tests/data/mcqa_row.json (no venv needed), as a fresh dict on every call."""
+    """The first row of NeMo Gym's mcqa data/example.jsonl (the same in 0.4.0 and 0.7.0), from
+    its checked-in copy tests/data/mcqa_row.json (no venv needed), a fresh dict on every call."""
     row: dict[str, Any] = json.loads(MCQA_ROW.read_text())
     return row
 

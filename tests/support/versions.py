@@ -163,8 +163,12 @@ def choose_python(version: str | None = None) -> PythonChoice:
     )
 
 
+def version_tuple(version: str | None) -> tuple[int, ...]:
+    """ "0.7.0" -> (0, 7, 0); None or "" -> ()."""
+    return tuple(int(n) for n in re.findall(r"\d+", version or "")[:3])
+
+
 def has_readiness_endpoints(version: str | None) -> bool:
     """NeMo Gym `version` is 0.7 or newer: its head server has /readyz (503 until every server
     and model endpoint is up) and ng_run reads `model_endpoint_readiness_timeout_seconds`."""
-    parts = re.findall(r"\d+", version or "")
-    return tuple(int(n) for n in parts[:2]) >= (0, 7)
+    return version_tuple(version) >= (0, 7)
