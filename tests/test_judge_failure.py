@@ -204,6 +204,5 @@ def test_the_grpc_error_names_the_judge_failure_and_the_right_answer_needs_no_ju
     assert info.reason == "UPSTREAM_JUDGE_FAILED"
     assert info.metadata["attempts"] == "1"  # a judge failure is not retried
     assert "judge_failed" in wrong.error.message
-    if "failureKind" in info.metadata:  # added by the reply-semantics branch of issue 10
-        assert info.metadata["failureKind"] == "judge_failed"
-        assert info.metadata["failureReason"]
+    assert info.metadata["failureKind"] == "judge_failed"
+    assert info.metadata["failureReason"]
