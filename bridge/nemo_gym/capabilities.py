@@ -37,8 +37,12 @@ ROLLOUT_PREFIX = "/ng-rollout/"
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ATTEMPT_SUFFIX = re.compile(r"-a[1-9][0-9]*$")
 PROBE_ID = "nemo-gym-grpc-probe"
-# Seconds one replica's learning may take in all; an item waits for it at most this long.
+# Seconds an item waits for its replica's capabilities (then it goes on as on 0.4).
 LEARN_TIMEOUT = 2.0
+# Seconds one replica's learning may take in all, in the background past LEARN_TIMEOUT: a cold
+# NeMo Gym 0.7 server builds its `/openapi.json` on the first request, which took over 2 s
+# on a loaded 2-core machine.
+ASK_TIMEOUT = 15.0
 # Seconds after a transport failure before a replica's capabilities are asked for again.
 RELEARN_AFTER = 30.0
 
@@ -103,10 +107,10 @@ class Catalog:
 
     Args:
         session: the bridge's aiohttp session.
-        timeout: seconds one replica's learning may take (`LEARN_TIMEOUT`).
+        timeout: seconds one replica's learning may take (`ASK_TIMEOUT`).
     """
 
-    def __init__(self, session: aiohttp.ClientSession, timeout: float = LEARN_TIMEOUT) -> None:
+    def __init__(self, session: aiohttp.ClientSession, timeout: float = ASK_TIMEOUT) -> None:
         self._session = session
         self._timeout = timeout
         self._known: dict[str, tuple[Capabilities, float]] = {}  # url -> (caps, valid until)
