@@ -4,6 +4,7 @@ interpreters are shell scripts that print a version, as `python -c` would."""
 
 from __future__ import annotations
 
+import os
 import stat
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ def test_find_python_gives_a_runnable_interpreter_of_the_version(version, minor)
     try:
         python = find_python(version)
     except NoSuitablePython as exc:
+        if os.environ.get("CI"):  # CI has both interpreters: a missing one is a failure
+            raise
         pytest.skip(str(exc))
     found = versions.python_version(python)
     assert found is not None and found[:2] >= (3, minor)
