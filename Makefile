@@ -1,6 +1,6 @@
 # Developer commands. `make test` is what CI runs (.ci/run). Targets are .PHONY because
 # folders named proto/ and tests/ exist.
-.PHONY: help dev proto proto-check lint typecheck test demo bench wheel clean
+.PHONY: help dev proto proto-check lint typecheck test demo bench soak wheel clean
 
 # Every tool runs from .venv, which `make dev` (or any target needing it) creates on first use.
 VENV_BIN := $(CURDIR)/.venv/bin
@@ -26,6 +26,7 @@ help:
 	@echo "make test         the whole test suite on real NeMo Gym 0.7.0 servers, then its"
 	@echo "                  compat subset on 0.4.0; installs everything"
 	@echo "                  fast tier, no NeMo Gym servers: .venv/bin/python -m pytest -m 'not nemo_gym'"
+	@echo "make soak         10-minute chaos soak (not part of make test; its 60 s variant is)"
 	@echo "make proto        regenerate Python code from $(PROTOS)"
 	@echo "make proto-check  fail if the committed generated code is stale"
 	@echo "make lint         ruff, buf lint and mypy (make typecheck: mypy alone)"
@@ -90,6 +91,15 @@ demo: $(DEMO_DEPS)
 bench: $(DEV)
 	$(PY) -c "import matplotlib, psutil" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+# `make soak`: the 10-minute chaos soak of tests/support/soak.py (real mcqa replicas killed and
+# restarted, the bridge restarted, cancels, bad items); writes benchmarks/results/soak.json and
+# soak.png and fails if a check fails. SOAK_SECONDS changes its length; its 60 s variant runs in
+# `make test` (tests/test_soak.py).
+SOAK_SECONDS ?= 600
+soak: $(DEV)
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m tests.support.soak --duration $(SOAK_SECONDS) --plot --out benchmarks/results
 
 wheel: $(DEV)
 	$(PY) -m build --wheel --outdir dist .
