@@ -249,9 +249,13 @@ def test_a_masked_rollout_is_an_unknown_error_and_a_degraded_one_keeps_its_rewar
     )
     assert masked.value.metadata["failureKind"] == "tool_error"
     assert masked.value.metadata["failureReason"] == "boom"
-    with pytest.raises(errors.ItemError) as legacy:
-        read_rollout(run_reply(_ng_failure_class="judge_failed"), URL, include_reply=False)
-    assert legacy.value.reason == errors.UPSTREAM_JUDGE_FAILED
+    for judge in ({"_ng_failure_class": "judge_failed"}, {"failure_kind": "judge_failed"}):
+        with pytest.raises(errors.ItemError) as failed:  # a retry would be a new rollout
+            read_rollout(run_reply(mask_sample=True, **judge), URL, include_reply=False)
+        assert (failed.value.code, failed.value.reason) == (
+            code_pb2.UNKNOWN,
+            errors.UPSTREAM_MASKED_SAMPLE,
+        )
     degraded = read_rollout(
         run_reply(reward=0.0, failure_reason="browser session not found at verify"),
         URL,

@@ -164,7 +164,9 @@ def masked(reply: dict[str, Any]) -> bool:
     )
 
 
-def masked_error(reply: dict[str, Any], url: str) -> errors.ItemError:
+def masked_error(
+    reply: dict[str, Any], url: str, judge_unavailable: bool = True
+) -> errors.ItemError:
     """The per-item error of a masked reply (see `masked`); never retried (a retry would
     repeat the scoring and its judge calls; the caller may resubmit).
 
@@ -175,14 +177,15 @@ def masked_error(reply: dict[str, Any], url: str) -> errors.ItemError:
     an error space not known here" and for errors "that do not return enough error
     information"); not UNAVAILABLE, which tells clients to retry, nor INTERNAL, which is for
     broken invariants. Metadata: `upstreamUrl`, `failureKind`, `failureReason`,
-    `failureClass` (those the reply has).
+    `failureClass` (those the reply has). With `judge_unavailable` False (rollouts: a retry
+    would run the whole rollout again) a judge failure is UNKNOWN / UPSTREAM_MASKED_SAMPLE too.
     """
     kind = diagnostic_text(reply.get("failure_kind"), MAX_FAILURE_KIND)
     failure_class = diagnostic_text(reply.get("_ng_failure_class"), MAX_FAILURE_KIND)
     why = diagnostic_text(
         reply.get("failure_reason") or reply.get("_ng_failure_judge_error"), MAX_FAILURE_REASON
     )
-    judge = JUDGE_FAILED in (kind, failure_class)
+    judge = judge_unavailable and JUDGE_FAILED in (kind, failure_class)
     name = kind or failure_class
     message = f"{url} reported {name}" if name else f"{url} masked the sample (mask_sample)"
     if why:
@@ -221,7 +224,9 @@ def parse_reply(raw: bytes, url: str) -> dict[str, Any]:
     return reply
 
 
-def score_reply(reply: dict[str, Any], url: str, include_reply: bool) -> Scored:
+def score_reply(
+    reply: dict[str, Any], url: str, include_reply: bool, judge_unavailable: bool = True
+) -> Scored:
     """The score in a `/verify` reply object (also an agent's `/run` reply and an environment
     server's `result`: the same shape); `include_reply` keeps the reply's other fields.
 
@@ -232,11 +237,11 @@ def score_reply(reply: dict[str, Any], url: str, include_reply: bool) -> Scored:
     Raises:
         errors.ItemError: no finite numeric `reward`, or non-numeric `reward_components`
             (INTERNAL / UPSTREAM_BAD_REPLY); or it is masked (`masked`; see
-            `masked_error`). None is retryable: a retry would repeat the same scoring (and,
+            `masked_error`, which gets `judge_unavailable`). None is retryable: a retry would repeat the same scoring (and,
             for judge failures, its judge calls).
     """
     if masked(reply):
-        raise masked_error(reply, url)
+        raise masked_error(reply, url, judge_unavailable)
     reward = _number(reply.get("reward"))
     if reward is None:
         raise bad_reply(url, f"reply has no finite numeric reward (got {reply.get('reward')!r})")
