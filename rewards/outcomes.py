@@ -25,11 +25,13 @@ from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 INVALID_ITEM = "INVALID_ITEM"
 # An item bigger than the gRPC message limit (here: it cannot be sent at all).
 ITEM_TOO_LARGE = "ITEM_TOO_LARGE"
-# A rollout without the tokens a trainer needs: no model call returned token ids (the agent's
-# policy model is not `vllm_model` with `return_token_id_information`), or a turn's prompt does
-# not continue the previous turn's prompt and generation. Decided by `stitch.py`.
+# A rollout without the tokens a trainer needs (decided by `stitch.py`): no model call returned
+# token ids (the agent's policy model is not `vllm_model` with `return_token_id_information`)
+# or nothing was generated; a turn's prompt does not continue the previous turn's prompt and
+# generation; a turn's logprobs do not match its generated tokens.
 NO_TOKENS = "NO_TOKENS"
 TURNS_NOT_CONTIGUOUS = "TURNS_NOT_CONTIGUOUS"
+LOGPROBS_MISMATCH = "LOGPROBS_MISMATCH"
 # `score` input lines: not a JSON object with a `response` object; no route.
 INVALID_ROW = "INVALID_ROW"
 NO_RESOURCES_SERVER = "NO_RESOURCES_SERVER"
