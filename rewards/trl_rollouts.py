@@ -18,9 +18,10 @@ From prompt to dataset row: TRL passes only the prompts, so each prompt is looke
 dataset rows by its `prompt` value (equal JSON, see `RowIndex`): the trainer's own
 `train_dataset` and `eval_dataset` by default, or the `rows` given. The NeMo Gym row sent to the
 agent is the dataset row's `row_column` (default `verify_extra`, the whole NeMo Gym row as
-axolotl's NeMo Gym dataset loader stores it), or, for a dataset without that column, the
-dataset row without its `prompt`. Its agent is its `agent_ref.name`, else `agent`. Rows whose
-prompts are equal must be equal too (else the lookup raises: it could not tell them apart).
+axolotl's NeMo Gym dataset loader stores it, as a dict or as JSON text), or, for a dataset
+without that column, the dataset row without its `prompt`. Its agent is its
+`agent_ref.name`, else `agent`. Rows whose prompts are equal must be equal too (else the
+lookup raises: it could not tell them apart).
 
 A failed rollout (any `Failure`, a masked sample, tokens that cannot be stitched) becomes
 `stitch.failed_sample`: a one-token EOS completion with `env_mask` 0 and reward NaN. It never
@@ -93,9 +94,21 @@ class RowIndex:
 
 
 def nemo_gym_row(dataset_row: Mapping[str, Any], row_column: str) -> dict[str, Any]:
-    """The NeMo Gym row of a dataset row: its `row_column` when that is a dict, else the
-    dataset row without `prompt`."""
+    """The NeMo Gym row of a dataset row: its `row_column` when that is a dict or the JSON
+    text of one (text keeps Arrow from filling other rows' keys in with None), else the
+    dataset row without `prompt`.
+
+    Raises:
+        ValueError: `row_column` holds text that is not a JSON object.
+    """
     inner = dataset_row.get(row_column)
+    if isinstance(inner, str):
+        try:
+            inner = json.loads(inner)
+        except ValueError:
+            inner = None
+        if not isinstance(inner, Mapping):
+            raise ValueError(f"the {row_column!r} column holds text that is not a JSON object")
     if isinstance(inner, Mapping):
         return dict(inner)
     return {key: value for key, value in dataset_row.items() if key != "prompt"}

@@ -100,6 +100,11 @@ def test_a_prompt_finds_its_dataset_row_however_its_dicts_are_ordered():
     assert trl_rollouts.nemo_gym_row(index.row("q1"), "verify_extra") == {"verify_extra": None}
     with pytest.raises(KeyError, match="no dataset row has the prompt 'q2'"):
         index.row("q2")
+    # JSON text in the column (no Arrow None-filling)
+    as_text = {"prompt": "q", "verify_extra": json.dumps(_row())}
+    assert trl_rollouts.nemo_gym_row(as_text, "verify_extra") == _row()
+    with pytest.raises(ValueError, match="not a JSON object"):
+        trl_rollouts.nemo_gym_row({"prompt": "q", "verify_extra": "[1]"}, "verify_extra")
 
 
 def test_equal_rows_may_share_a_prompt_but_different_rows_may_not():
