@@ -162,8 +162,11 @@ def main(argv: list[str] | None = None) -> int:
             args.max_item_mb,
             args.max_message_mb,
         )
-    if not config.head_url and not config.servers:
-        log.warning("no --head-url and no --server: every item will fail with NOT_FOUND")
+    if not config.head_url and not (config.servers or config.agents or config.environment_servers):
+        log.warning(
+            "no --head-url, --server, --agent or --environment-server: every item will fail "
+            "with NOT_FOUND"
+        )
     try:
         if args.workers > 1:
             check_exposure(config)  # fail before forking

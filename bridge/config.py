@@ -58,10 +58,11 @@ def _replicas(entries: list[tuple[str, str]]) -> dict[str, str | list[str]]:
 class BridgeConfig:
     """Settings of one bridge process. Each field's meaning and unit is its flag's help.
 
-    Fields that hold a converted value: `servers` is {resources server name: base URL, or a
-    list of them (replicas)}; `retry` a `RetryPolicy`; `max_item_bytes` and
-    `max_message_bytes` are bytes (their flags take MiB); `token` is the token itself (its
-    flag names a file, its variable holds the token). `reuse_port` has no flag.
+    Fields that hold a converted value: `servers` (and `agents`, `environment_servers`) is
+    {server name: base URL, or a list of them (replicas)}; `retry` a `RetryPolicy`;
+    `max_item_bytes` and `max_message_bytes` are bytes (their flags take MiB); `token` is
+    the token itself (its flag names a file, its variable holds the token).
+    `reuse_port` has no flag.
     """
 
     listen: str = setting(
@@ -91,6 +92,51 @@ class BridgeConfig:
             metavar="NAME=URL",
         ),
         convert=_replicas,
+    )
+    agents: dict[str, str | list[str]] = setting(
+        Flag(
+            "--agent",
+            "a NeMo Gym agent server base URL (e.g. simple_agent) that Run/RunStream post "
+            "rows to at <URL>/run (repeatable; the same NAME again adds a replica, load goes "
+            "to the least busy one); wins over discovery",
+            type=server_entry,
+            default=(),
+            kind="list",
+            metavar="NAME=URL",
+        ),
+        convert=_replicas,
+    )
+    environment_servers: dict[str, str | list[str]] = setting(
+        Flag(
+            "--environment-server",
+            "a NeMo Gym (>= 0.7) environment server base URL that Run/RunStream post "
+            "episodes to at <URL>/run (repeatable like --agent); wins over discovery",
+            type=server_entry,
+            default=(),
+            kind="list",
+            metavar="NAME=URL",
+        ),
+        convert=_replicas,
+    )
+    agent_concurrency: int = setting(
+        Flag(
+            "--agent-concurrency",
+            "most rollouts in flight per agent or environment server name, all replicas "
+            "together; further rollouts wait for a slot (bounded by their RPC deadline)",
+            type=positive_int,
+            default=64,
+            metavar="N",
+        )
+    )
+    run_timeout: float = setting(
+        Flag(
+            "--run-timeout",
+            "default seconds per rollout's /run call, from when it got its agent slot "
+            "(RunRequest.timeout_seconds overrides it; the RPC deadline cuts it)",
+            type=positive_float,
+            default=3600.0,
+            metavar="SECONDS",
+        )
     )
     session_servers: tuple[str, ...] = setting(
         Flag(
@@ -341,14 +387,22 @@ def check_limits(config: BridgeConfig) -> None:
     """Refuse limits that contradict each other.
 
     Raises:
-        ValueError: a limit below 1, or `max_batch_items` over `max_stream_items` (a message
-            is parsed whole, so a bigger one would break the bound on items held per stream).
+        ValueError: a limit below 1, `max_batch_items` over `max_stream_items` (a message
+            is parsed whole, so a bigger one would break the bound on items held per stream),
+            or a name given both to `--agent` and `--environment-server`.
     """
+    both = sorted(set(config.agents) & set(config.environment_servers))
+    if both:
+        raise ValueError(
+            f"{', '.join(both)}: given to both --agent and --environment-server; a name "
+            "routes to one protocol"
+        )
     for flag, value in (
         ("--max-stream-items", config.max_stream_items),
         ("--max-batch-items", config.max_batch_items),
         ("--max-in-flight", config.max_in_flight),
         ("--max-streams", config.max_streams),
+        ("--agent-concurrency", config.agent_concurrency),
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")

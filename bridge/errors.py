@@ -28,6 +28,9 @@ UPSTREAM_JUDGE_FAILED = "UPSTREAM_JUDGE_FAILED"
 UPSTREAM_MASKED_SAMPLE = "UPSTREAM_MASKED_SAMPLE"
 UPSTREAM_SESSION_FAILED = "UPSTREAM_SESSION_FAILED"
 BRIDGE_INTERNAL = "BRIDGE_INTERNAL"
+# Rollouts (RolloutService).
+UNKNOWN_AGENT = "UNKNOWN_AGENT"
+UPSTREAM_EPISODE_FAILED = "UPSTREAM_EPISODE_FAILED"
 
 # Codes whose cause is usually gone a moment later (gRPC's status-code guide).
 RETRYABLE_CODES = frozenset({code_pb2.UNAVAILABLE, code_pb2.RESOURCE_EXHAUSTED})
@@ -95,6 +98,23 @@ class ItemError(Exception):
 def invalid_item(message: str, **metadata: object) -> ItemError:
     """An item the bridge cannot turn into a `/verify` call (INVALID_ARGUMENT)."""
     return ItemError(code_pb2.INVALID_ARGUMENT, INVALID_ITEM, message, retryable=None, **metadata)
+
+
+def run_status_error(status: int, url: str, body: bytes) -> ItemError:
+    """Map an agent's or environment server's non-200 reply to a `/run` to a final error:
+    4xx -> INVALID_ARGUMENT (the rollout as sent was refused), anything else -> INTERNAL
+    (5xx: the rollout may have run and failed; a retry would run it again). Reason
+    UPSTREAM_HTTP_ERROR; the message holds the first 200 bytes of the body."""
+    code = code_pb2.INVALID_ARGUMENT if 400 <= status < 500 else code_pb2.INTERNAL
+    snippet = body[:200].decode("utf-8", "replace")
+    return ItemError(
+        code,
+        UPSTREAM_HTTP_ERROR,
+        f"{url} answered HTTP {status}: {snippet}",
+        retryable=False,
+        httpStatus=status,
+        upstreamUrl=url,
+    )
 
 
 def http_status_error(

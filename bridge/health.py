@@ -7,6 +7,9 @@ Statuses kept:
 - `nemo_gym_grpc.v1.VerifyService/<resources server name>`: the readiness view, SERVING while
   at least one of its upstream replicas answers NeMo Gym's liveness route `GET /` with 200,
   else NOT_SERVING.
+- `nemo_gym_grpc.v1.RolloutService` and `nemo_gym_grpc.v1.RolloutService/<agent name>`: the
+  same for the rollout service and each agent or environment server (a head server's
+  discovery counts for both tables).
 Kubernetes' gRPC probes and grpc-health-probe read these.
 """
 
@@ -20,18 +23,20 @@ from grpc_health.v1 import health, health_pb2
 
 from nemo_gym_grpc.bridge import nemo_gym
 from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.v1 import verify_pb2
+from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = verify_pb2.DESCRIPTOR.services_by_name["VerifyService"].full_name
+ROLLOUT_SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-def upstream_service_name(name: str) -> str:
-    """The health service name of one resources server's readiness."""
-    return f"{SERVICE_NAME}/{name}"
+def upstream_service_name(name: str, service: str = SERVICE_NAME) -> str:
+    """The health service name of one resources server's (or, with `service`
+    ROLLOUT_SERVICE_NAME, one agent's) readiness."""
+    return f"{service}/{name}"
 
 
 class Readiness:
@@ -43,6 +48,7 @@ class Readiness:
         session: aiohttp session for the liveness probes.
         interval: seconds between rounds (re-discovery while unknown, upstream probes).
         probe_timeout: seconds for one upstream `GET /`.
+        agents: the AGENTS routing table, or None.
     """
 
     def __init__(
@@ -52,14 +58,18 @@ class Readiness:
         session: aiohttp.ClientSession,
         interval: float = 5.0,
         probe_timeout: float = 2.0,
+        agents: Upstreams | None = None,
     ) -> None:
         self._servicer = servicer
         self._upstreams = upstreams
+        self._tables = [(upstreams, SERVICE_NAME)]
+        if agents is not None:
+            self._tables.append((agents, ROLLOUT_SERVICE_NAME))
         self._session = session
         self._interval = interval
         self._probe_timeout = probe_timeout
         self.known = False
-        self._answering: dict[str, bool] = {}
+        self._answering: dict[tuple[str, str], bool] = {}
 
     async def run(self) -> None:
         """Run rounds forever (cancel to stop). The first round runs at once."""
@@ -71,31 +81,43 @@ class Readiness:
         """One round: discover while the table is unknown, then probe every upstream."""
         if not self.known:
             await self._learn_routes()
-        entries = self._upstreams.entries()
-        answers = await asyncio.gather(*(self._any_answers(e.urls) for e in entries))
-        for entry, ok in zip(entries, answers, strict=True):
-            if self._answering.get(entry.name) != ok:
-                log.info("resources server %s %s", entry.name, "answers" if ok else "is DOWN")
-                self._answering[entry.name] = ok
-            await self._servicer.set(
-                upstream_service_name(entry.name), SERVING if ok else NOT_SERVING
-            )
+        for table, service in self._tables:
+            entries = table.entries()
+            answers = await asyncio.gather(*(self._any_answers(e.urls) for e in entries))
+            for entry, ok in zip(entries, answers, strict=True):
+                if self._answering.get((service, entry.name)) != ok:
+                    state = "answers" if ok else "is DOWN"
+                    log.info("%s %s %s", table.kind.noun, entry.name, state)
+                    self._answering[(service, entry.name)] = ok
+                await self._servicer.set(
+                    upstream_service_name(entry.name, service), SERVING if ok else NOT_SERVING
+                )
 
     async def _learn_routes(self) -> None:
         discovered = False
-        if self._upstreams.head_url:
+        for table, _ in self._tables:
+            if not table.head_url:
+                continue
             try:
-                found = await self._upstreams.discover()
-                log.info("discovered from %s: %s", self._upstreams.head_url, found or "none")
+                found = await table.discover()
+                none = f"no {table.kind.noun}s"
+                log.info("discovered from %s: %s", table.head_url, found or none)
                 discovered = True
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                log.warning("discovery from %s failed: %r", self._upstreams.head_url, exc)
-        self.known = discovered or bool(self._upstreams.names())
+                log.warning("discovery from %s failed: %r", table.head_url, exc)
+        self.known = discovered or any(table.names() for table, _ in self._tables)
         if self.known:
-            for entry in self._upstreams.entries():
-                log.info("route %s -> %s (%s)", entry.name, ", ".join(entry.urls), entry.source)
-            await self._servicer.set("", SERVING)
-            await self._servicer.set(SERVICE_NAME, SERVING)
+            for table, _ in self._tables:
+                for entry in table.entries():
+                    log.info(
+                        "route %s -> %s (%s%s)",
+                        entry.name,
+                        ", ".join(entry.urls),
+                        entry.source,
+                        f", {entry.protocol}" if entry.protocol else "",
+                    )
+            for service in ("", *(service for _, service in self._tables)):
+                await self._servicer.set(service, SERVING)
 
     async def _any_answers(self, urls: list[str]) -> bool:
         """True when at least one replica answers its liveness route."""

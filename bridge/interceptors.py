@@ -1,5 +1,5 @@
 """Refusing whole calls so that the client sees the status it is refused with: bearer-token
-auth, the cap on concurrent VerifyStream calls (grpc.aio server interceptors), and
+auth, the cap on concurrent VerifyStream and RunStream calls (grpc.aio server interceptors), and
 `refuse_stream`, which both use and so does VerifyStream itself.
 
 A server that ends a client-streaming call before it has read the client's messages sends its
@@ -19,12 +19,16 @@ from typing import Any, NoReturn, cast
 import grpc
 from google.protobuf.message import DecodeError
 
-from nemo_gym_grpc.v1 import verify_pb2
+from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
 DRAIN_SECONDS = 1.0  # a client that has not half-closed by then is refused while it writes
 
 _SERVICE = verify_pb2.DESCRIPTOR.services_by_name["VerifyService"]
 STREAM_METHOD = f"/{_SERVICE.full_name}/{_SERVICE.methods_by_name['VerifyStream'].name}"
+_ROLLOUTS = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"]
+RUN_STREAM_METHOD = f"/{_ROLLOUTS.full_name}/{_ROLLOUTS.methods_by_name['RunStream'].name}"
+# The long-lived streams `--max-streams` counts, by full method name -> RPC name.
+STREAM_METHODS = {STREAM_METHOD: "VerifyStream", RUN_STREAM_METHOD: "RunStream"}
 
 DENIED = "missing or invalid bearer token"
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
@@ -119,16 +123,17 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
 
 
 class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
-    """Answers RESOURCE_EXHAUSTED to a VerifyStream call beyond `max_streams` open ones.
+    """Answers RESOURCE_EXHAUSTED to a VerifyStream or RunStream call beyond `max_streams`
+    open ones (both counted together).
 
     grpc.aio's own `maximum_concurrent_rpcs` counts every RPC and answers "Concurrent RPC
     limit exceeded!"; this counts only streams and names the limit and the flag that raises it.
 
     Args:
-        max_streams: most concurrent VerifyStream calls (`--max-streams`).
+        max_streams: most concurrent stream calls (`--max-streams`).
 
     Attributes:
-        active: VerifyStream calls open now.
+        active: VerifyStream and RunStream calls open now.
     """
 
     def __init__(self, max_streams: int) -> None:
@@ -139,7 +144,8 @@ class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
         self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method != STREAM_METHOD:
+        rpc = STREAM_METHODS.get(handler_call_details.method)
+        if handler is None or rpc is None:
             return handler
         behaviour = cast(_StreamBehaviour, handler.stream_stream)
 
@@ -151,8 +157,8 @@ class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
                     request_iterator,
                     context,
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"too many concurrent VerifyStream calls: the limit is {self.max_streams} "
-                    "(raise it with --max-streams)",
+                    f"too many concurrent {rpc} calls: the limit is {self.max_streams} "
+                    "VerifyStream and RunStream calls together (raise it with --max-streams)",
                 )
             self.active += 1
             try:

@@ -13,16 +13,21 @@
   `resources_server`;
 - `nemo_gym_grpc_upstream_in_flight` / `nemo_gym_grpc_upstream_waiting` (gauges): calls
   holding a slot / items waiting for one, by `upstream` (base URL of the replica);
-- `nemo_gym_grpc_active_streams` (gauge): open VerifyStream calls.
+- `nemo_gym_grpc_active_streams` (gauge): open VerifyStream and RunStream calls;
+- `nemo_gym_grpc_rollouts_total` (counter): rollouts answered (Run, RunStream), by `agent`,
+  `outcome`, `code` and `reason` as for items;
+- `nemo_gym_grpc_rollout_latency_seconds` (histogram): one rollout's `/run` call, by `agent`;
+- `nemo_gym_grpc_rollouts_in_flight` / `nemo_gym_grpc_rollouts_waiting` (gauges): rollouts
+  holding one of their agent's `--agent-concurrency` slots / waiting for one, by `agent`.
 
-A name that is not routable is counted as `resources_server="(unknown)"`, so request text
-cannot grow the label set. Each process has its own registry; with `--workers N` worker i
-serves its own metrics on port P+i (see cli.py).
+A name that is not routable is counted as `resources_server="(unknown)"` (`agent="(unknown)"`),
+so request text cannot grow the label set. Each process has its own registry; with
+`--workers N` worker i serves its own metrics on port P+i (see cli.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -39,6 +44,8 @@ from nemo_gym_grpc.bridge.balancer import Balancer
 
 UNKNOWN_SERVER = "(unknown)"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# Rollouts take seconds to hours.
+ROLLOUT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 10800)
 
 
 class Metrics:
@@ -77,6 +84,19 @@ class Metrics:
             ["resources_server"],
             registry=self.registry,
         )
+        self.rollouts = Counter(
+            "nemo_gym_grpc_rollouts",
+            "Rollouts answered, by agent, outcome (ok/error), gRPC code and reason.",
+            ["agent", "outcome", "code", "reason"],
+            registry=self.registry,
+        )
+        self.rollout_latency = Histogram(
+            "nemo_gym_grpc_rollout_latency_seconds",
+            "Seconds of one rollout's /run call (from its agent slot to its whole reply).",
+            ["agent"],
+            buckets=ROLLOUT_BUCKETS,
+            registry=self.registry,
+        )
         # Labelled children by label values: `labels()` validates and locks on every call.
         self._children: dict[tuple[str, ...], Any] = {}
 
@@ -84,6 +104,20 @@ class Metrics:
         """Report the load gauges from `balancer`'s replicas and `active_streams()` at each
         scrape (read from the live counters, so they cannot drift from them)."""
         self.registry.register(_LoadCollector(balancer, active_streams))
+
+    def watch_rollouts(self, load: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
+        """Report the rollout gauges from `load()`: {agent: (in flight, waiting)}, read at
+        each scrape."""
+        self.registry.register(_RolloutCollector(load))
+
+    def rollout(self, agent: str, code: str, reason: str) -> None:
+        """Count one answered rollout (`code`, `reason` as for `item`)."""
+        outcome = "ok" if code == "OK" else "error"
+        self._child(self.rollouts, "rollouts", agent, outcome, code, reason).inc()
+
+    def rollout_call(self, agent: str, seconds: float) -> None:
+        """Record one rollout `/run` call that took `seconds`."""
+        self._child(self.rollout_latency, "rollout_latency", agent).observe(seconds)
 
     def item(self, resources_server: str, code: str, reason: str) -> None:
         """Count one answered item. `code` is a gRPC code name ("OK" on success); `reason`
@@ -144,9 +178,31 @@ class _LoadCollector:
         yield waiting
         yield GaugeMetricFamily(
             "nemo_gym_grpc_active_streams",
-            "Open VerifyStream calls.",
+            "Open VerifyStream and RunStream calls.",
             value=self._active_streams(),
         )
+
+
+class _RolloutCollector:
+    def __init__(self, load: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
+        self._load = load
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "nemo_gym_grpc_rollouts_in_flight",
+            "Rollouts holding one of their agent's --agent-concurrency slots, by agent.",
+            labels=["agent"],
+        )
+        waiting = GaugeMetricFamily(
+            "nemo_gym_grpc_rollouts_waiting",
+            "Rollouts waiting for one of their agent's --agent-concurrency slots, by agent.",
+            labels=["agent"],
+        )
+        for agent, (running, queued) in sorted(self._load().items()):
+            in_flight.add_metric([agent], running)
+            waiting.add_metric([agent], queued)
+        yield in_flight
+        yield waiting
 
 
 async def start_metrics_server(metrics: Metrics, host: str, port: int) -> web.AppRunner:

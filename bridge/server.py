@@ -17,11 +17,18 @@ from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure, check_limits
-from nemo_gym_grpc.bridge.health import NOT_SERVING, SERVICE_NAME, Readiness
+from nemo_gym_grpc.bridge.health import (
+    NOT_SERVING,
+    ROLLOUT_SERVICE_NAME,
+    SERVICE_NAME,
+    Readiness,
+)
 from nemo_gym_grpc.bridge.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
 from nemo_gym_grpc.bridge.metrics import Metrics, start_metrics_server
+from nemo_gym_grpc.bridge.rollout_service import RolloutService, add_rollout_service
+from nemo_gym_grpc.bridge.runner import Runner
 from nemo_gym_grpc.bridge.service import VerifyService, add_verify_service
-from nemo_gym_grpc.bridge.upstreams import Upstreams
+from nemo_gym_grpc.bridge.upstreams import AGENT, AGENTS, ENVIRONMENT, Upstreams
 from nemo_gym_grpc.bridge.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -79,6 +86,7 @@ class Bridge:
         metrics: the counters and gauges `/metrics` serves.
         tls: whether the server speaks TLS.
         verifier: scores the items; `aclose()` on drain ends its background calls.
+        runner: runs the rollouts (RolloutService).
     """
 
     server: grpc.aio.Server
@@ -88,12 +96,14 @@ class Bridge:
     metrics: Metrics
     tls: bool
     verifier: Verifier
+    runner: Runner
 
 
 async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
-    """Wire a bridge for `config` on the running event loop: routing table, interceptors
-    (token auth, stream limit), metrics, verifier, services (VerifyService, health,
-    reflection) and the bound port. `config` is taken as checked (`check_exposure`,
+    """Wire a bridge for `config` on the running event loop: routing tables (resources
+    servers; agents and environment servers), interceptors (token auth, stream limit),
+    metrics, verifier, runner, services (VerifyService, RolloutService, health, reflection)
+    and the bound port. `config` is taken as checked (`check_exposure`,
     `check_limits`); `session` is used for every upstream call and must keep no cookies.
 
     Raises:
@@ -101,6 +111,16 @@ async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
         OSError: a TLS file cannot be read.
     """
     upstreams = Upstreams(config.servers, config.head_url, session)
+    agents = Upstreams(
+        {**config.agents, **config.environment_servers},
+        config.head_url,
+        session,
+        kind=AGENTS,
+        static_protocols={
+            **{name: AGENT for name in config.agents},
+            **{name: ENVIRONMENT for name in config.environment_servers},
+        },
+    )
     stream_limit = StreamLimitInterceptor(config.max_streams)
     interceptors: list[grpc.aio.ServerInterceptor] = [stream_limit]
     if config.token:
@@ -125,12 +145,29 @@ async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
         max_batch_items=config.max_batch_items or config.max_stream_items,
     )
     add_verify_service(verify_service, server)
+    runner = Runner(
+        agents,
+        session,
+        default_timeout=config.run_timeout,
+        concurrency=config.agent_concurrency,
+        retry=config.retry,
+        max_item_bytes=config.max_item_bytes,
+        metrics=metrics,
+    )
+    metrics.watch_rollouts(runner.load)
+    rollout_service = RolloutService(
+        runner,
+        max_stream_items=config.max_stream_items,
+        max_batch_items=config.max_batch_items or config.max_stream_items,
+    )
+    add_rollout_service(rollout_service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", SERVICE_NAME):  # the servicer starts "" as SERVING
+    for name in ("", SERVICE_NAME, ROLLOUT_SERVICE_NAME):  # the servicer starts "" SERVING
         await health_servicer.set(name, NOT_SERVING)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        (SERVICE_NAME, ROLLOUT_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
+        server,
     )
     credentials = _credentials(config)
     try:
@@ -140,7 +177,9 @@ async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
             port = server.add_insecure_port(config.listen)
     except RuntimeError as exc:
         raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from None
-    readiness = Readiness(health_servicer, upstreams, session, config.health_interval)
+    readiness = Readiness(
+        health_servicer, upstreams, session, config.health_interval, agents=agents
+    )
     return Bridge(
         server=server,
         address=f"{config.listen.rsplit(':', 1)[0]}:{port}",
@@ -149,6 +188,7 @@ async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
         metrics=metrics,
         tls=credentials is not None,
         verifier=verifier,
+        runner=runner,
     )
 
 

@@ -1,9 +1,10 @@
-"""The map from resources server name to its upstream base URLs (one or more replicas).
+"""The map from a server name to its upstream base URLs (one or more replicas): one table for
+resources servers (`RESOURCES`), one for agent and environment servers (`AGENTS`).
 
-Entries come only from configuration (`--server NAME=URL`, repeated with the same NAME for
-replicas) and from the NeMo Gym head server's `GET /global_config_dict_yaml` (one URL per
-instance name, read by `nemo_gym.global_config`); the bridge never calls a URL taken from a
-request.
+Entries come only from configuration (`--server NAME=URL`, `--agent NAME=URL`,
+`--environment-server NAME=URL`, repeated with the same NAME for replicas) and from the NeMo
+Gym head server's `GET /global_config_dict_yaml` (one URL per instance name, read by
+`nemo_gym.global_servers`); the bridge never calls a URL taken from a request.
 """
 
 from __future__ import annotations
@@ -25,13 +26,49 @@ STATIC = "static"
 HEAD_SERVER = "head_server"
 
 
+# Protocols of the AGENTS table (RunRequest.agent routes to one of them).
+AGENT = "agent"
+ENVIRONMENT = "environment"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What one routing table holds.
+
+    Attributes:
+        noun: the servers' name in messages, e.g. "resources server".
+        blocks: {head-server config block: protocol} discovered (`nemo_gym.parse_servers`).
+        unknown_reason: the ErrorInfo reason of an unknown name (NOT_FOUND).
+        field: the ErrorInfo metadata key that names the server.
+        log_field: the log record field that names it.
+    """
+
+    noun: str
+    blocks: Mapping[str, str]
+    unknown_reason: str
+    field: str
+    log_field: str
+
+
+RESOURCES = Kind(
+    "resources server",
+    nemo_gym.RESOURCES_SERVERS,
+    errors.UNKNOWN_RESOURCES_SERVER,
+    "resourcesServer",
+    "resources_server",
+)
+AGENTS = Kind("agent", nemo_gym.AGENT_SERVERS, errors.UNKNOWN_AGENT, "agent", "agent")
+
+
 @dataclass
 class Upstream:
-    """A routable resources server: its name, base URLs (no trailing slash) and origin."""
+    """A routable server: its name, base URLs (no trailing slash), origin and protocol
+    ("" for resources servers; AGENT or ENVIRONMENT in the AGENTS table)."""
 
     name: str
     urls: list[str] = field(default_factory=list)
     source: str = STATIC
+    protocol: str = ""
 
 
 def _url_list(urls: str | Sequence[str]) -> list[str]:
@@ -45,11 +82,14 @@ class Upstreams:
 
     Args:
         static: {name: base URL or [base URL, ...]} from `--server` (several URLs = replicas
-            of one resources server); these win over discovered entries.
+            of one server); these win over discovered entries.
         head_url: NeMo Gym head server base URL, or None for static routing only.
         session: the bridge's aiohttp session.
         discovery_timeout: seconds for one `/global_config_dict_yaml` request.
         min_rediscover_interval: seconds between re-discoveries triggered by unknown names.
+        kind: what the table holds (RESOURCES or AGENTS).
+        static_protocols: {name: protocol} of static entries (default: the first protocol
+            of `kind.blocks`).
     """
 
     def __init__(
@@ -59,9 +99,17 @@ class Upstreams:
         session: aiohttp.ClientSession,
         discovery_timeout: float = 5.0,
         min_rediscover_interval: float = 1.0,
+        *,
+        kind: Kind = RESOURCES,
+        static_protocols: Mapping[str, str] | None = None,
     ) -> None:
+        self.kind = kind
         self._static = {name: _url_list(urls) for name, urls in static.items() if urls}
-        self._discovered: dict[str, str] = {}
+        default_protocol = next(iter(kind.blocks.values()), "")
+        self._static_protocols = {
+            name: (static_protocols or {}).get(name, default_protocol) for name in self._static
+        }
+        self._discovered: dict[str, tuple[str, str]] = {}
         self.head_url = head_url.rstrip("/") if head_url else None
         self._session = session
         self._timeout = discovery_timeout
@@ -70,6 +118,8 @@ class Upstreams:
         self._lock = asyncio.Lock()
         # Why the last discovery failed ("ExceptionType: message"), None after a success.
         self.discovery_error: str | None = None
+        # Whether a discovery has succeeded.
+        self.discovered = False
 
     async def discover(self) -> dict[str, str]:
         """Fetch the head server's config and replace the discovered entries.
@@ -81,21 +131,29 @@ class Upstreams:
             return {}
         self._last_discovery = time.monotonic()
         try:
-            self._discovered = await nemo_gym.global_config(
-                self._session, self.head_url, self._timeout
+            self._discovered = await nemo_gym.global_servers(
+                self._session, self.head_url, self._timeout, self.kind.blocks
             )
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             self.discovery_error = f"{type(exc).__name__}: {exc}"
             raise
         self.discovery_error = None
-        return self._discovered
+        self.discovered = True
+        return {name: url for name, (url, _) in self._discovered.items()}
 
     def get(self, name: str) -> list[str] | None:
         """The base URLs (replicas) for `name`, or None when unknown (no discovery)."""
         if name in self._static:
             return self._static[name]
-        url = self._discovered.get(name)
-        return [url] if url else None
+        route = self._discovered.get(name)
+        return [route[0]] if route else None
+
+    def protocol(self, name: str) -> str:
+        """The protocol of routable `name` (see `Upstream.protocol`); "" when unknown."""
+        if name in self._static:
+            return self._static_protocols[name]
+        route = self._discovered.get(name)
+        return route[1] if route else ""
 
     async def resolve(self, name: str) -> list[str]:
         """The base URLs (one or more replicas) for `name`, re-discovering once when it is
@@ -104,10 +162,11 @@ class Upstreams:
         Raises:
             errors.ItemError: UNAVAILABLE / HEAD_SERVER_UNAVAILABLE when `name` is unknown
                 and the head server could not be read the last time it was asked (the name
-                may be there; `discoveryError` says why); NOT_FOUND /
-                UNKNOWN_RESOURCES_SERVER when the head server answered without it, or there
-                is no head server. Both name the known servers.
+                may be there; `discoveryError` says why); NOT_FOUND / `kind.unknown_reason`
+                (UNKNOWN_RESOURCES_SERVER, UNKNOWN_AGENT) when the head server answered
+                without it, or there is no head server. Both name the known servers.
         """
+        noun, key = self.kind.noun, self.kind.field
         urls = self.get(name)
         if urls:
             return urls
@@ -118,38 +177,40 @@ class Upstreams:
                     return urls
                 if time.monotonic() - self._last_discovery >= self._interval:
                     log.info(
-                        "resources server %r is unknown: discovering from the head server %s",
+                        "%s %r is unknown: discovering from the head server %s",
+                        noun,
                         name[:100],
                         self.head_url,
-                        extra={"event": "rediscovery", "resources_server": name[:100]},
+                        extra={"event": "rediscovery", self.kind.log_field: name[:100]},
                     )
                     try:
                         found = await self.discover()
                     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                         log.warning("re-discovery from %s failed: %r", self.head_url, exc)
                     else:
-                        log.info("re-discovery found %d resources servers", len(found))
+                        log.info("re-discovery found %d %ss", len(found), noun)
                 urls = self.get(name)
                 if urls:
                     return urls
         known = ", ".join(sorted(self.names())) or "none"
         failed = self.discovery_error if self.head_url else None
         if failed:
-            raise errors.ItemError(
+            error = errors.ItemError(
                 code_pb2.UNAVAILABLE,
                 errors.HEAD_SERVER_UNAVAILABLE,
-                f"resources server {name[:100]!r} is not known and the head server "
+                f"{noun} {name[:100]!r} is not known and the head server "
                 f"{self.head_url} could not be read: {failed}; known: {known}",
-                resourcesServer=name[:100],
                 discoveryError=failed,
                 headUrl=self.head_url,
             )
-        raise errors.ItemError(
-            code_pb2.NOT_FOUND,
-            errors.UNKNOWN_RESOURCES_SERVER,
-            f"unknown resources server {name[:100]!r}; known: {known}",
-            resourcesServer=name[:100],
-        )
+        else:
+            error = errors.ItemError(
+                code_pb2.NOT_FOUND,
+                self.kind.unknown_reason,
+                f"unknown {noun} {name[:100]!r}; known: {known}",
+            )
+        error.metadata[key] = errors.utf8_text(name[:100])
+        raise error
 
     def names(self) -> set[str]:
         """Every routable name."""
@@ -158,6 +219,11 @@ class Upstreams:
     def entries(self) -> list[Upstream]:
         """Every routable server, sorted by name."""
         return [
-            Upstream(name, self.get(name) or [], STATIC if name in self._static else HEAD_SERVER)
+            Upstream(
+                name,
+                self.get(name) or [],
+                STATIC if name in self._static else HEAD_SERVER,
+                self.protocol(name),
+            )
             for name in sorted(self.names())
         ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from typing import Any
 
 from google.rpc import code_pb2
@@ -57,18 +57,31 @@ def check_item(
             f"timeout_seconds must be finite and >= 0, got {request.timeout_seconds!r}",
             field="timeout_seconds",
         )
-    row = _json_object(request.row_json, "row_json") if request.row_json else None
+    row = json_object(request.row_json, "row_json") if request.row_json else None
     params = None
     if request.responses_create_params_json:
-        params = _json_object(request.responses_create_params_json, "responses_create_params_json")
+        params = json_object(request.responses_create_params_json, "responses_create_params_json")
     response = (
-        _json_object(request.response_json, "response_json") if request.response_json else None
+        json_object(request.response_json, "response_json") if request.response_json else None
     )
     body = nemo_gym.build_verify_body(request, row=row, params=params, response=response)
+    payload = encode(body, zip(JSON_FIELDS, (row, params, response), strict=True))
+    if request.seed_session or request.resources_server in session_servers:
+        return payload, nemo_gym.seed_body(body)  # a part of what encoded above
+    return payload, None
+
+
+def encode(body: dict[str, Any], parsed: Iterable[tuple[str, dict[str, Any] | None]]) -> bytes:
+    """`body` as UTF-8 JSON; `parsed` is the item's (field name, parsed JSON object or None)
+    that went into it, to name the field at fault.
+
+    Raises:
+        errors.ItemError: INVALID_ARGUMENT / INVALID_ITEM when it holds a lone surrogate,
+            NaN/Infinity, or nests too deep.
+    """
     try:
-        payload = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        return json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
     except UnicodeEncodeError:
-        parsed = zip(JSON_FIELDS, (row, params, response), strict=True)
         found = (f for f, value in parsed if value is not None and _has_lone_surrogate(value))
         field = next(found, "item")
         raise errors.invalid_item(
@@ -80,12 +93,9 @@ def check_item(
         raise errors.invalid_item(f"item JSON cannot be sent: {exc}") from None
     except RecursionError:
         raise errors.invalid_item("item JSON nests too deeply to be sent") from None
-    if request.seed_session or request.resources_server in session_servers:
-        return payload, nemo_gym.seed_body(body)  # a part of what encoded above
-    return payload, None
 
 
-def _json_object(text: str, field: str) -> dict[str, Any]:
+def json_object(text: str, field: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except (ValueError, RecursionError) as exc:

@@ -1,6 +1,7 @@
 """Everything the bridge knows about NeMo Gym's HTTP API, and the only package that does.
 
-Routes the bridge calls: `POST /verify` (`verify.py`), `POST /seed_session` and
+Routes the bridge calls: `POST /run` on an agent server (`run.py`) and on an environment
+server (`episodes.py`), `POST /verify` (`verify.py`), `POST /seed_session` and
 `POST /close_session` (`sessions.py`) on a resources server, each under 0.7's
 `/ng-rollout/<id>` prefix where the server has it; `GET /openapi.json` and `/reverify_mode` to
 learn what a server supports (`capabilities.py`); `GET /` as its liveness probe (`http.py`,
@@ -16,9 +17,12 @@ from nemo_gym_grpc.bridge.nemo_gym.capabilities import (
     rollout_prefix,
 )
 from nemo_gym_grpc.bridge.nemo_gym.head import (
+    AGENT_SERVERS,
     GLOBAL_CONFIG_PATH,
-    global_config,
+    RESOURCES_SERVERS,
+    global_servers,
     parse_global_config,
+    parse_servers,
 )
 from nemo_gym_grpc.bridge.nemo_gym.http import (
     LIVENESS_PATH,
@@ -49,12 +53,18 @@ from nemo_gym_grpc.bridge.nemo_gym.verify import (
     MAX_FAILURE_REASON,
     VERIFY_PATH,
     Scored,
+    bad_reply,
+    build_row,
     build_verify_body,
     completion_response,
+    parse_reply,
     read_verify_reply,
+    score_reply,
 )
 
 __all__ = [
+    "AGENT_SERVERS",
+    "RESOURCES_SERVERS",
     "CLOSE_PATH",
     "CLOSE_TIMEOUT",
     "DEFAULT_MODEL",
@@ -74,20 +84,25 @@ __all__ = [
     "Reply",
     "Scored",
     "answers",
+    "bad_reply",
+    "build_row",
     "build_verify_body",
     "close_body",
     "completion_response",
     "cookie_header",
     "episode_id",
-    "global_config",
+    "global_servers",
     "new_session_id",
     "open_session",
     "parse_global_config",
+    "parse_reply",
+    "parse_servers",
     "post",
     "read_openapi",
     "read_verify_reply",
     "request_id_header",
     "rollout_prefix",
+    "score_reply",
     "seed_body",
     "typed_seed_body",
 ]

@@ -1,8 +1,10 @@
-"""The head server's `GET /global_config_dict_yaml`: where each resources server listens."""
+"""The head server's `GET /global_config_dict_yaml`: where each resources server, agent server
+and environment server listens."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,18 +28,31 @@ def _base_url(host: str, port: int | str, head_host: str) -> str:
     return f"http://{host}:{int(port)}"
 
 
-def parse_global_config(body: bytes | str, head_url: str) -> dict[str, str]:
-    """Resources servers in the head server's `/global_config_dict_yaml` reply.
+# Head-server config blocks -> the protocol the bridge speaks to a server found there.
+RESOURCES_SERVERS = {"resources_servers": ""}
+AGENT_SERVERS = {"responses_api_agents": "agent", "environment_servers": "environment"}
+
+
+def parse_servers(
+    body: bytes | str, head_url: str, blocks: Mapping[str, str]
+) -> dict[str, tuple[str, str]]:
+    """The servers of the kinds in `blocks` in the head server's `/global_config_dict_yaml`
+    reply.
 
     The reply is double encoded: a JSON string literal whose value is the YAML text of NeMo
-    Gym's global config (`OmegaConf.to_yaml`). Resources servers sit at
-    `<instance>.resources_servers.<type>.{host,port}`. Each is registered under its instance
+    Gym's global config (`OmegaConf.to_yaml`). Servers sit at
+    `<instance>.<block>.<type>.{host,port}` (block e.g. `resources_servers`,
+    `responses_api_agents`, `environment_servers`). Each is registered under its instance
     name (NeMo Gym's own routing key) and, when no other entry claims it, under `<type>` too
     (what axolotl's seed used). Wildcard hosts (0.0.0.0, ::) become the head server's host and
     `localhost` becomes 127.0.0.1.
 
+    Args:
+        blocks: {block name: protocol}; each server found is returned with its block's
+            protocol (e.g. AGENT_SERVERS).
+
     Returns:
-        {name: base URL}, e.g. {"mcqa": "http://127.0.0.1:18001"}.
+        {name: (base URL, protocol)}, e.g. {"mcqa": ("http://127.0.0.1:18001", "")}.
 
     Raises:
         ValueError: the body is not a JSON string or YAML mapping of that shape.
@@ -49,28 +64,43 @@ def parse_global_config(body: bytes | str, head_url: str) -> dict[str, str]:
     if not isinstance(config, dict):
         raise ValueError("global config YAML is not a mapping")
     head_host = urlsplit(head_url).hostname or "127.0.0.1"
-    by_instance: dict[str, str] = {}
-    by_type: dict[str, set[str]] = {}
+    by_instance: dict[str, tuple[str, str]] = {}
+    by_type: dict[str, set[tuple[str, str]]] = {}
     for instance, block in config.items():
-        servers = block.get("resources_servers") if isinstance(block, dict) else None
-        if not isinstance(servers, dict):
+        if not isinstance(block, dict):
             continue
-        for server_type, server in servers.items():
-            if isinstance(server, dict) and server.get("host") is not None and server.get("port"):
-                url = _base_url(server["host"], server["port"], head_host)
-                by_instance[str(instance)] = url
-                by_type.setdefault(str(server_type), set()).add(url)
+        for block_name, protocol in blocks.items():
+            servers = block.get(block_name)
+            if not isinstance(servers, dict):
+                continue
+            for server_type, server in servers.items():
+                if (
+                    isinstance(server, dict)
+                    and server.get("host") is not None
+                    and server.get("port")
+                ):
+                    route = (_base_url(server["host"], server["port"], head_host), protocol)
+                    by_instance[str(instance)] = route
+                    by_type.setdefault(str(server_type), set()).add(route)
     found = dict(by_instance)
-    for server_type, urls in by_type.items():
-        if server_type not in found and len(urls) == 1:
-            found[server_type] = next(iter(urls))
+    for server_type, routes in by_type.items():
+        if server_type not in found and len(routes) == 1:
+            found[server_type] = next(iter(routes))
     return found
 
 
-async def global_config(
-    session: aiohttp.ClientSession, head_url: str, timeout: float
-) -> dict[str, str]:
-    """GET the head server's `/global_config_dict_yaml` and parse it (`parse_global_config`).
+def parse_global_config(body: bytes | str, head_url: str) -> dict[str, str]:
+    """The resources servers in a `/global_config_dict_yaml` reply (see `parse_servers`):
+    {name: base URL}, e.g. {"mcqa": "http://127.0.0.1:18001"}. Raises ValueError as it."""
+    found = parse_servers(body, head_url, RESOURCES_SERVERS)
+    return {name: url for name, (url, _) in found.items()}
+
+
+async def global_servers(
+    session: aiohttp.ClientSession, head_url: str, timeout: float, blocks: Mapping[str, str]
+) -> dict[str, tuple[str, str]]:
+    """GET the head server's `/global_config_dict_yaml` and parse the servers of `blocks`
+    from it (`parse_servers`).
 
     Args:
         head_url: the head server's base URL, no trailing slash.
@@ -84,4 +114,4 @@ async def global_config(
     ) as reply:
         reply.raise_for_status()
         body = await reply.read()
-    return parse_global_config(body, head_url)
+    return parse_servers(body, head_url, blocks)

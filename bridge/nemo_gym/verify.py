@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,20 +56,21 @@ def completion_response(text: str, model: str, response_id: str = "resp") -> dic
     }
 
 
-def build_verify_body(
-    request: verify_pb2.VerifyRequest,
+def build_row(
+    prompt: Iterable[verify_pb2.Message],
     *,
     row: dict[str, Any] | None,
     params: dict[str, Any] | None,
-    response: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The JSON body of `POST /verify` for one item.
+    """A dataset row with its `responses_create_params`: the body of an agent's `/run` and
+    the part of `/verify`'s body before `response`.
 
     Args:
-        request: the item (its prompt, completion, model and request_id are used when the
-            JSON fields below do not say otherwise).
-        row, params, response: the item's `row_json`, `responses_create_params_json` and
-            `response_json` as parsed JSON objects; None when the field is empty.
+        prompt: the item's typed prompt, used only when neither `params` nor the row has
+            `responses_create_params` (`{"input": [{"role", "content"}, ...]}`; role "" =
+            "user").
+        row, params: the item's `row_json` and `responses_create_params_json` as parsed
+            JSON objects; None when the field is empty.
 
     Order of precedence is documented on `VerifyRequest` in verify.proto. Keys whose value is
     null are dropped from the row and from `responses_create_params`: a row from an Arrow
@@ -83,11 +85,30 @@ def build_verify_body(
         body["responses_create_params"] = params
     elif "responses_create_params" not in body:
         body["responses_create_params"] = {
-            "input": [{"role": m.role or "user", "content": m.content} for m in request.prompt]
+            "input": [{"role": m.role or "user", "content": m.content} for m in prompt]
         }
     found = body["responses_create_params"]
     if isinstance(found, dict):
         body["responses_create_params"] = {k: v for k, v in found.items() if v is not None}
+    return body
+
+
+def build_verify_body(
+    request: verify_pb2.VerifyRequest,
+    *,
+    row: dict[str, Any] | None,
+    params: dict[str, Any] | None,
+    response: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The JSON body of `POST /verify` for one item: `build_row`, then `response`.
+
+    Args:
+        request: the item (its prompt, completion, model and request_id are used when the
+            JSON fields below do not say otherwise).
+        row, params, response: the item's `row_json`, `responses_create_params_json` and
+            `response_json` as parsed JSON objects; None when the field is empty.
+    """
+    body = build_row(request.prompt, row=row, params=params)
     if response is not None:
         body["response"] = response
     else:
@@ -124,7 +145,7 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _text(value: Any, limit: int) -> str:
+def diagnostic_text(value: Any, limit: int) -> str:
     """A reply's diagnostic value as text of at most `limit` characters ("" for null/"")."""
     if value is None:
         return ""
@@ -143,7 +164,9 @@ def masked(reply: dict[str, Any]) -> bool:
     )
 
 
-def masked_error(reply: dict[str, Any], url: str) -> errors.ItemError:
+def masked_error(
+    reply: dict[str, Any], url: str, judge_unavailable: bool = True
+) -> errors.ItemError:
     """The per-item error of a masked reply (see `masked`); never retried (a retry would
     repeat the scoring and its judge calls; the caller may resubmit).
 
@@ -154,14 +177,15 @@ def masked_error(reply: dict[str, Any], url: str) -> errors.ItemError:
     an error space not known here" and for errors "that do not return enough error
     information"); not UNAVAILABLE, which tells clients to retry, nor INTERNAL, which is for
     broken invariants. Metadata: `upstreamUrl`, `failureKind`, `failureReason`,
-    `failureClass` (those the reply has).
+    `failureClass` (those the reply has). With `judge_unavailable` False (rollouts: a retry
+    would run the whole rollout again) a judge failure is UNKNOWN / UPSTREAM_MASKED_SAMPLE too.
     """
-    kind = _text(reply.get("failure_kind"), MAX_FAILURE_KIND)
-    failure_class = _text(reply.get("_ng_failure_class"), MAX_FAILURE_KIND)
-    why = _text(
+    kind = diagnostic_text(reply.get("failure_kind"), MAX_FAILURE_KIND)
+    failure_class = diagnostic_text(reply.get("_ng_failure_class"), MAX_FAILURE_KIND)
+    why = diagnostic_text(
         reply.get("failure_reason") or reply.get("_ng_failure_judge_error"), MAX_FAILURE_REASON
     )
-    judge = JUDGE_FAILED in (kind, failure_class)
+    judge = judge_unavailable and JUDGE_FAILED in (kind, failure_class)
     name = kind or failure_class
     message = f"{url} reported {name}" if name else f"{url} masked the sample (mask_sample)"
     if why:
@@ -178,47 +202,59 @@ def masked_error(reply: dict[str, Any], url: str) -> errors.ItemError:
     )
 
 
-def read_verify_reply(raw: bytes, url: str, include_reply: bool) -> Scored:
-    """The score in a 200 `/verify` body; `include_reply` keeps the reply's other fields.
+def bad_reply(url: str, message: str) -> errors.ItemError:
+    """INTERNAL / UPSTREAM_BAD_REPLY: a 200 reply from `url` that says no usable result."""
+    return errors.ItemError(
+        code_pb2.INTERNAL, errors.UPSTREAM_BAD_REPLY, f"{url}: {message}", upstreamUrl=url
+    )
+
+
+def parse_reply(raw: bytes, url: str) -> dict[str, Any]:
+    """A 200 reply body as a JSON object.
+
+    Raises:
+        errors.ItemError: INTERNAL / UPSTREAM_BAD_REPLY when it is not JSON or not an object.
+    """
+    try:
+        reply = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise bad_reply(url, f"reply is not JSON: {raw[:200]!r}") from None
+    if not isinstance(reply, dict):
+        raise bad_reply(url, f"reply is not a JSON object: {raw[:200]!r}")
+    return reply
+
+
+def score_reply(
+    reply: dict[str, Any], url: str, include_reply: bool, judge_unavailable: bool = True
+) -> Scored:
+    """The score in a `/verify` reply object (also an agent's `/run` reply and an environment
+    server's `result`: the same shape); `include_reply` keeps the reply's other fields.
 
     A reply with `failure_kind` / `failure_reason` but not masked (NeMo Gym >= 0.7: the two
     are orthogonal) is a valid measurement: its reward is returned, with the two in
     `Scored.failure_kind` / `failure_reason`.
 
     Raises:
-        errors.ItemError: the body is not a JSON object, has no finite numeric `reward`, or
-            has non-numeric `reward_components` (INTERNAL / UPSTREAM_BAD_REPLY); or it is
-            masked (`masked`; see `masked_error`). None is retryable: a retry would repeat
-            the same scoring (and, for judge failures, its judge calls).
+        errors.ItemError: no finite numeric `reward`, or non-numeric `reward_components`
+            (INTERNAL / UPSTREAM_BAD_REPLY); or it is masked (`masked`; see
+            `masked_error`, which gets `judge_unavailable`). None is retryable: a retry would repeat the same scoring (and,
+            for judge failures, its judge calls).
     """
-
-    def bad_reply(message: str) -> errors.ItemError:
-        return errors.ItemError(
-            code_pb2.INTERNAL, errors.UPSTREAM_BAD_REPLY, f"{url}: {message}", upstreamUrl=url
-        )
-
-    try:
-        reply = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise bad_reply(f"reply is not JSON: {raw[:200]!r}") from None
-    if not isinstance(reply, dict):
-        raise bad_reply(f"reply is not a JSON object: {raw[:200]!r}")
     if masked(reply):
-        raise masked_error(reply, url)
-
+        raise masked_error(reply, url, judge_unavailable)
     reward = _number(reply.get("reward"))
     if reward is None:
-        raise bad_reply(f"reply has no finite numeric reward (got {reply.get('reward')!r})")
+        raise bad_reply(url, f"reply has no finite numeric reward (got {reply.get('reward')!r})")
     found = reply.get("reward_components") or {}
     if not isinstance(found, dict):
-        raise bad_reply("reward_components is not an object")
+        raise bad_reply(url, "reward_components is not an object")
     components: dict[str, float] = {}
     for name, value in found.items():
         number = _number(value)
         if number is None:
-            raise bad_reply(f"reward_components[{name!r}] is not a finite number")
+            raise bad_reply(url, f"reward_components[{name!r}] is not a finite number")
         if errors.has_lone_surrogate(name):
-            raise bad_reply(f"reward_components key {name!r} is not valid Unicode text")
+            raise bad_reply(url, f"reward_components key {name!r} is not valid Unicode text")
         components[name] = number
     other = ""
     if include_reply:
@@ -227,6 +263,12 @@ def read_verify_reply(raw: bytes, url: str, include_reply: bool) -> Scored:
         reward,
         components,
         other,
-        _text(reply.get("failure_kind"), MAX_FAILURE_KIND),
-        _text(reply.get("failure_reason"), MAX_FAILURE_REASON),
+        diagnostic_text(reply.get("failure_kind"), MAX_FAILURE_KIND),
+        diagnostic_text(reply.get("failure_reason"), MAX_FAILURE_REASON),
     )
+
+
+def read_verify_reply(raw: bytes, url: str, include_reply: bool) -> Scored:
+    """The score in a 200 `/verify` body (`parse_reply`, then `score_reply`; raises as they
+    do)."""
+    return score_reply(parse_reply(raw, url), url, include_reply)

@@ -1,0 +1,312 @@
+"""One rollout (`RunRequest`) -> NeMo Gym `POST /run` on one replica of its agent server or
+environment server -> one `RunResponse`.
+
+The steps, top to bottom: check the rollout (`run_validation.check_run`), resolve its agent
+(`Upstreams.resolve` on the AGENTS table, which also gives the protocol), build the body
+(`run_validation.check_body`), wait for one of the agent's `--agent-concurrency` slots
+(bounded by the RPC deadline), the attempt loop, read the reply (`nemo_gym.run.read_rollout`
+or `nemo_gym.episodes.read_episode_reply`).
+
+Retries happen only where the rollout cannot have started: the connection was refused (the
+request was never sent), or an environment server refused the episode at admission. A
+timeout, a 5xx after sending and everything else are final: a rollout runs a policy model and
+tools, and running it twice is not the same as once. The attempt loop and its backoff are
+`verifier.RetryPolicy`'s (`--retry-attempts`, `--retry-budget`).
+
+Every call ends in exactly one `RunResponse`: the rollout, or a per-rollout `error`. The only
+exception that escapes is `asyncio.CancelledError` (the RPC was cancelled or the bridge shuts
+down); the agent's HTTP request is then closed (aiohttp closes the connection of a cancelled
+request) and the agent's slot freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+from google.rpc import code_pb2
+
+from nemo_gym_grpc.bridge import errors, nemo_gym, run_validation
+from nemo_gym_grpc.bridge.balancer import Balancer
+from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
+from nemo_gym_grpc.bridge.nemo_gym import episodes
+from nemo_gym_grpc.bridge.nemo_gym import run as agent_run
+from nemo_gym_grpc.bridge.upstreams import ENVIRONMENT, Upstreams
+from nemo_gym_grpc.bridge.verifier import DEADLINE_MARGIN, RetryPolicy
+from nemo_gym_grpc.v1 import rollout_pb2
+
+log = logging.getLogger(__name__)
+
+
+class _AgentSlots:
+    """The `--agent-concurrency` slots of one agent name and its load counters."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.semaphore = asyncio.Semaphore(concurrency)
+        self.in_flight = 0
+        self.waiting = 0
+
+
+class Runner:
+    """Runs `RunRequest`s against agent servers and environment servers over HTTP.
+
+    Args:
+        agents: the AGENTS routing table (name -> base URLs and protocol).
+        session: the bridge's aiohttp session (no cookie jar; see `Verifier`).
+        default_timeout: seconds of one `/run` call when the rollout sets none
+            (`--run-timeout`).
+        concurrency: most rollouts in flight per agent name, all replicas together
+            (`--agent-concurrency`); further rollouts wait, bounded by their RPC deadline
+            (without one, until a slot is free).
+        retry: attempts and budget for the retries that are allowed (see the module).
+        max_item_bytes: largest rollout accepted, serialized bytes.
+        metrics: where outcomes and latencies are counted.
+
+    Attributes:
+        balancer: the replicas called so far and their load (least in-flight first).
+    """
+
+    def __init__(
+        self,
+        agents: Upstreams,
+        session: aiohttp.ClientSession,
+        *,
+        default_timeout: float,
+        concurrency: int,
+        retry: RetryPolicy,
+        max_item_bytes: int,
+        metrics: Metrics,
+    ) -> None:
+        self.agents = agents
+        self._session = session
+        self._default_timeout = default_timeout
+        self._concurrency = concurrency
+        self._retry = retry
+        self._max_item_bytes = max_item_bytes
+        self.metrics = metrics
+        # The per-name bound is the binding one; replicas get as many slots, never fewer.
+        self.balancer = Balancer(concurrency)
+        self._slots: dict[str, _AgentSlots] = {}
+
+    def load(self) -> dict[str, tuple[int, int]]:
+        """{agent name: (rollouts in flight, rollouts waiting for a slot)} (for metrics)."""
+        return {name: (s.in_flight, s.waiting) for name, s in self._slots.items()}
+
+    async def run(
+        self, request: rollout_pb2.RunRequest, deadline: float | None
+    ) -> rollout_pb2.RunResponse:
+        """Run one rollout.
+
+        Args:
+            request: the rollout.
+            deadline: `time.monotonic()` value by which the answer is due (the RPC deadline),
+                or None.
+
+        Returns:
+            A RunResponse with `request_id` set and either `rollout` or `error`.
+        """
+        try:
+            ran, seconds = await self._run(request, deadline)
+        except errors.ItemError as exc:
+            return self.failed(request, exc)
+        except Exception as exc:  # a bug here must not cost the rollout its outcome
+            log.exception("unexpected error running request_id=%r", request.request_id)
+            error = errors.ItemError(
+                code_pb2.INTERNAL, errors.BRIDGE_INTERNAL, f"bridge error: {exc!r}"
+            )
+            return self.failed(request, error)
+        self.metrics.rollout(request.agent, "OK", "")
+        return _response(request.request_id, ran, seconds)
+
+    def failed(
+        self, request: rollout_pb2.RunRequest, error: errors.ItemError
+    ) -> rollout_pb2.RunResponse:
+        """The failed result of `request` (request_id, `error.latency_seconds` and `error`
+        only), counted in the metrics."""
+        label = request.agent if self.agents.get(request.agent) else UNKNOWN_SERVER
+        self.metrics.rollout(label, code_pb2.Code.Name(error.code), error.reason)
+        failed = rollout_pb2.RunResponse(
+            request_id=request.request_id, latency_seconds=error.latency_seconds
+        )
+        failed.error.CopyFrom(error.to_status())
+        return failed
+
+    async def _run(
+        self, request: rollout_pb2.RunRequest, deadline: float | None
+    ) -> tuple[agent_run.Ran, float]:
+        """(the rollout, seconds of its `/run` call), or ItemError."""
+        run_validation.check_run(request, max_item_bytes=self._max_item_bytes)
+        name = request.agent
+        urls = await self.agents.resolve(name)
+        protocol = self.agents.protocol(name)
+        checked = run_validation.check_body(request, protocol)
+        timeout = request.timeout_seconds or self._default_timeout
+        async with self._slot(name, deadline) as queued:
+            policy = self._retry
+            bound = time.monotonic() + policy.budget
+            if deadline is not None:
+                bound = min(bound, deadline)
+            tried: list[str] = []
+            attempt = 1
+            while True:
+                replica = self.balancer.pick(urls, tried)
+                tried.append(replica.url)
+                url = replica.url + agent_run.RUN_PATH
+                if protocol == ENVIRONMENT:
+                    body = checked.episode_body(request.request_id, attempt - 1)
+                else:
+                    body = checked.payload
+                try:
+                    async with replica.use():
+                        reply = await self._post(url, name, body, request, timeout, deadline)
+                    return self._read(reply, url, protocol, request.include_reply)
+                except errors.ItemError as exc:
+                    exc.metadata["attempts"] = str(attempt)
+                    if exc.metadata.get("queuedSeconds") is None and queued:
+                        exc.metadata["queuedSeconds"] = f"{queued:.3f}"
+                    if isinstance(exc, nemo_gym.Refused):
+                        replica.refused()
+                    if not _not_started(exc) or attempt >= policy.attempts:
+                        raise
+                    delay = 0.0 if len(set(tried)) < len(urls) else policy.backoff(attempt)
+                    if time.monotonic() + delay >= bound:
+                        raise
+                    reason = exc.reason
+                if delay:
+                    await asyncio.sleep(delay)
+                log.info(
+                    "retrying rollout request_id=%r on %s (%s): it did not start",
+                    request.request_id[:100],
+                    name,
+                    reason,
+                )
+                attempt += 1
+
+    @asynccontextmanager
+    async def _slot(self, name: str, deadline: float | None) -> AsyncIterator[float]:
+        """Hold one of agent `name`'s slots for the body; yields the seconds waited for it.
+
+        Raises:
+            errors.ItemError: DEADLINE_EXCEEDED / UPSTREAM_TIMEOUT when the RPC deadline
+                passes (less DEADLINE_MARGIN) before a slot is free.
+        """
+        slots = self._slots.get(name)
+        if slots is None:
+            slots = self._slots[name] = _AgentSlots(self._concurrency)
+        queued_at = time.monotonic()
+        slots.waiting += 1
+        try:
+            if deadline is None:
+                await slots.semaphore.acquire()
+            else:
+                wait = deadline - queued_at - DEADLINE_MARGIN
+                try:
+                    await asyncio.wait_for(slots.semaphore.acquire(), max(wait, 0.0))
+                except TimeoutError:
+                    raise errors.ItemError(
+                        code_pb2.DEADLINE_EXCEEDED,
+                        errors.UPSTREAM_TIMEOUT,
+                        f"the RPC deadline passed while waiting "
+                        f"{time.monotonic() - queued_at:.3f} s for one of agent {name!r}'s "
+                        f"{self._concurrency} slots (--agent-concurrency)",
+                        agent=name,
+                        queuedSeconds=f"{time.monotonic() - queued_at:.3f}",
+                    ) from None
+        finally:
+            slots.waiting -= 1
+        slots.in_flight += 1
+        try:
+            yield time.monotonic() - queued_at
+        finally:
+            slots.in_flight -= 1
+            slots.semaphore.release()
+
+    async def _post(
+        self,
+        url: str,
+        name: str,
+        body: bytes,
+        request: rollout_pb2.RunRequest,
+        timeout: float,
+        deadline: float | None,
+    ) -> nemo_gym.Reply:
+        """One `/run` POST with the rollout's timeout cut to what the RPC deadline leaves;
+        counted in the rollout latency metric. Raises ItemError."""
+        if deadline is not None:
+            left = deadline - time.monotonic() - DEADLINE_MARGIN
+            if left <= 0:
+                raise errors.ItemError(
+                    code_pb2.DEADLINE_EXCEEDED,
+                    errors.UPSTREAM_TIMEOUT,
+                    f"the RPC deadline passed before the rollout could be sent to {url}",
+                    upstreamUrl=url,
+                    retryable=False,
+                )
+            timeout = min(timeout, left)
+        started = time.monotonic()
+        try:
+            reply = await nemo_gym.post(
+                self._session,
+                url,
+                body,
+                timeout=timeout,
+                request_id=nemo_gym.request_id_header(request.request_id),
+            )
+        except errors.ItemError as exc:
+            self.metrics.rollout_call(name, exc.latency_seconds)
+            raise
+        except asyncio.CancelledError:  # the request is closed; it still took this long
+            self.metrics.rollout_call(name, time.monotonic() - started)
+            raise
+        self.metrics.rollout_call(name, reply.seconds)
+        return reply
+
+    def _read(
+        self, reply: nemo_gym.Reply, url: str, protocol: str, include_reply: bool
+    ) -> tuple[agent_run.Ran, float]:
+        try:
+            if reply.status != 200:
+                raise errors.run_status_error(reply.status, url, reply.body)
+            if protocol == ENVIRONMENT:
+                ran = episodes.read_episode_reply(reply.body, url, include_reply)
+            else:
+                parsed = nemo_gym.parse_reply(reply.body, url)
+                ran = agent_run.read_rollout(parsed, url, include_reply)
+        except errors.ItemError as exc:
+            exc.latency_seconds = reply.seconds
+            raise
+        return ran, reply.seconds
+
+
+def _not_started(exc: errors.ItemError) -> bool:
+    """True when the failed attempt cannot have started the rollout: a refused connection
+    (never sent) or an environment server's admission refusal."""
+    if isinstance(exc, nemo_gym.Refused):
+        return True
+    return exc.reason == errors.UPSTREAM_EPISODE_FAILED and exc.retryable
+
+
+def _response(request_id: str, ran: agent_run.Ran, seconds: float) -> rollout_pb2.RunResponse:
+    """The RunResponse of a finished rollout."""
+    scored = ran.scored
+    rollout = rollout_pb2.Rollout(
+        reward=scored.reward,
+        output_json=ran.output_json,
+        failure_kind=scored.failure_kind,
+        failure_reason=scored.failure_reason,
+        verification_skipped=ran.verification_skipped,
+        reply_json=scored.reply_json,
+    )
+    if scored.components:
+        rollout.reward_components.update(scored.components)
+    for turn in ran.turns:
+        rollout.turns.add(
+            prompt_token_ids=turn.prompt_token_ids,
+            generation_token_ids=turn.generation_token_ids,
+            generation_log_probs=turn.generation_log_probs,
+        )
+    return rollout_pb2.RunResponse(request_id=request_id, rollout=rollout, latency_seconds=seconds)

@@ -1,0 +1,256 @@
+"""The machinery of a bidirectional batch stream (VerifyStream, RunStream): batches of items in,
+each item answered by its own task, results out in completion order, batched as they finish.
+
+`serve` is the whole handler body; a service passes what differs between streams (`Kind`):
+how one item is answered, how a refused duplicate is answered, the response message type and
+the names used in messages and logs.
+
+Semantics (verify.proto's VerifyStream, rollout.proto's RunStream): every item read gets
+exactly one result; `request_id`s must be unique among the items in flight (a duplicate gets
+INVALID_ARGUMENT alone); half-close finishes the items in flight and ends the call with OK; at
+most `max_stream_items` items are held at once (in flight or with a result not yet sent) and a
+client that sends faster waits, because the reader stops reading and gRPC flow control slows
+it; a message with more than `max_batch_items` items, or one that cannot be parsed, ends the
+call (RESOURCE_EXHAUSTED / INVALID_ARGUMENT) once the items read before it are answered. When
+the call ends for any other reason (cancelled, deadline, shutdown) every item's task is
+cancelled and awaited, so no item's upstream call outlives its stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.interceptors import refuse_stream
+
+# An item (VerifyRequest, RunRequest) and its result (VerifyResponse, RunResponse): messages
+# with a `request_id`, the result with an `error` oneof member.
+Item = TypeVar("Item", bound=Message)
+Result = TypeVar("Result", bound=Message)
+
+
+@dataclass(frozen=True)
+class Kind(Generic[Item, Result]):
+    """What one kind of stream does with its items.
+
+    Attributes:
+        answer: (item, deadline) -> its result; must answer every item (never raise but for
+            cancellation). `deadline` is the call's, `time.monotonic()` seconds, or None.
+        refused: (item, error) -> the result of an item refused without running.
+        response: the stream response message class, built as `response(results=[...])`.
+        request_name: the request message's name, for messages ("VerifyStreamRequest").
+        rpc: the RPC's name, for logs ("VerifyStream").
+        event: the `event` of the log record written when a stream ends.
+        answered: what "run" means for the items, for messages ("scored", "run").
+    """
+
+    answer: Callable[[Item, float | None], Awaitable[Result]]
+    refused: Callable[[Item, errors.ItemError], Result]
+    response: Callable[..., Any]
+    request_name: str
+    rpc: str
+    event: str
+    answered: str
+
+
+def call_deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The call's deadline as a `time.monotonic()` value, or None when it has none."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+async def serve(
+    kind: Kind[Item, Result],
+    request_iterator: AsyncIterable[Any],
+    context: grpc.aio.ServicerContext,
+    *,
+    max_stream_items: int,
+    max_batch_items: int,
+    log: logging.Logger,
+) -> AsyncIterator[Any]:
+    """The body of a stream handler: yields the response messages (see the module docstring).
+
+    Raises:
+        the exception of `context.abort` when the stream is refused, and what reading the
+        requests raised.
+    """
+    stream = _Stream(kind, call_deadline(context), max_stream_items, max_batch_items)
+    peer = context.peer()  # read now: the call may be gone when the stream ends
+    started_at = time.monotonic()
+    reader = asyncio.create_task(stream.read(request_iterator))
+    try:
+        async for message in stream.results():
+            yield message
+        await reader  # re-raises an error from reading the requests
+        if stream.refusal is not None:
+            await refuse_stream(request_iterator, context, *stream.refusal)
+    finally:
+        reader.cancel()
+        tasks = [reader, *stream.tasks]
+        for task in stream.tasks:
+            task.cancel()
+        # Wait for the cancelled items to close their upstream requests (each ends at its
+        # next await); shielded so that a second cancellation cannot cut the wait short.
+        await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+        seconds = time.monotonic() - started_at
+        log.info(
+            "%s ended: %d of %d results sent (%d failed) in %.3f s",
+            kind.rpc,
+            stream.sent,
+            stream.accepted,
+            stream.failed,
+            seconds,
+            extra={
+                "event": kind.event,
+                "peer": peer,
+                "items_received": stream.accepted,
+                "results_sent": stream.sent,
+                "results_failed": stream.failed,
+                "duration_seconds": round(seconds, 6),
+            },
+        )
+
+
+async def _parsed(request_iterator: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    """The stream's messages; one that cannot be parsed ends it as its DecodeError."""
+    iterator = aiter(request_iterator)
+    while True:
+        try:
+            batch = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except DecodeError as exc:
+            yield exc
+            return
+        yield batch
+
+
+@dataclass(frozen=True, slots=True)
+class _Finished(Generic[Result]):
+    """A result to send. `frees_id`: its request_id leaves the stream's in-flight ids when
+    sent (False for a duplicate's refusal: the id belongs to the item still in flight)."""
+
+    result: Result
+    frees_id: bool
+
+
+class _Stream(Generic[Item, Result]):
+    """The state of one stream call: a reader task (`read`) starts one task per item, and the
+    handler sends their results as they finish (`results`). `deadline` is the call's
+    (`time.monotonic()` seconds, or None).
+
+    Attributes:
+        accepted: items read.
+        sent: results sent.
+        failed: results sent that carry an error.
+        refusal: (code, details) the call must end with once every item read is answered;
+            None = it ends OK.
+        tasks: the item tasks still running.
+    """
+
+    def __init__(
+        self,
+        kind: Kind[Item, Result],
+        deadline: float | None,
+        max_stream_items: int,
+        max_batch_items: int,
+    ) -> None:
+        self._kind = kind
+        self._deadline = deadline
+        self._max_batch_items = max_batch_items
+        self._finished: asyncio.Queue[_Finished[Result] | None] = asyncio.Queue()  # None: end
+        self._slots = asyncio.Semaphore(max_stream_items)
+        self._in_flight_ids: set[str] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.accepted = 0
+        self.sent = 0
+        self.failed = 0
+        self.refusal: tuple[grpc.StatusCode, str] | None = None
+
+    async def read(self, request_iterator: AsyncIterable[Any]) -> None:
+        """Read the requests and start each item, until the input ends or a message must
+        refuse the rest of the stream (`refusal`)."""
+        # In grpcio 1.85 a client cancel also ends this iterator normally (grpc#36193); the
+        # handler then sees CancelledError at its next await and cleans up.
+        try:
+            async for batch in _parsed(request_iterator):
+                if isinstance(batch, DecodeError):
+                    # Proto3 strings must be valid UTF-8; a message that breaks that (or is
+                    # otherwise malformed) has items whose request_ids cannot be known.
+                    self._refuse(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"a {self._kind.request_name} could not be parsed ({batch})",
+                    )
+                    return
+                if len(batch.items) > self._max_batch_items:
+                    self._refuse(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"a {self._kind.request_name} held {len(batch.items)} items; the "
+                        f"limit is {self._max_batch_items} items per message (raise it with "
+                        "--max-batch-items, or send smaller messages)",
+                    )
+                    return
+                for request in batch.items:
+                    await self._slots.acquire()
+                    self.accepted += 1
+                    # An empty id is no id: the item checks refuse every such item alike.
+                    if request.request_id in self._in_flight_ids:
+                        refused = self._kind.refused(request, _duplicate(request.request_id))
+                        self._finished.put_nowait(_Finished(refused, frees_id=False))
+                        continue
+                    if request.request_id:
+                        self._in_flight_ids.add(request.request_id)
+                    task = asyncio.create_task(self._answer(request))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+        finally:
+            self._finished.put_nowait(None)
+
+    def _refuse(self, code: grpc.StatusCode, cause: str) -> None:
+        # Reading stops here, so the items accepted so far are the ones answered before it.
+        self.refusal = (
+            code,
+            f"{cause}; the {self.accepted} items read before it were answered, it and the "
+            f"rest of the stream were not {self._kind.answered}",
+        )
+
+    async def _answer(self, request: Any) -> None:
+        result = await self._kind.answer(request, self._deadline)  # answers every item
+        self._finished.put_nowait(_Finished(result, frees_id=True))
+
+    async def results(self) -> AsyncIterator[Any]:
+        """The response messages, batched as results finish, until the input ended and every
+        item read is answered."""
+        input_ended = False
+        while not (input_ended and self.sent == self.accepted):
+            ready = [await self._finished.get()]
+            while not self._finished.empty():
+                ready.append(self._finished.get_nowait())
+            results = []
+            for entry in ready:
+                if entry is None:
+                    input_ended = True
+                    continue
+                if entry.frees_id:
+                    self._in_flight_ids.discard(getattr(entry.result, "request_id"))  # noqa: B009
+                self._slots.release()
+                self.failed += entry.result.HasField("error")
+                results.append(entry.result)
+            if results:
+                self.sent += len(results)
+                yield self._kind.response(results=results)
+
+
+def _duplicate(request_id: str) -> errors.ItemError:
+    return errors.invalid_item(
+        f"request_id {request_id[:100]!r} is already in flight on this stream",
+        field="request_id",
+    )
