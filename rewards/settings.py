@@ -26,6 +26,7 @@ variable (`resolve`); unset or empty means the default.
   batch ends by then (a rollout without a result fails with DEADLINE_EXCEEDED).
 - `NEMO_GYM_GRPC_RUN_TIMEOUT` (unset): seconds one rollout's agent `/run` call may take
   (`RunRequest.timeout_seconds`); unset = the bridge's `--run-timeout` (3600 s by default).
+  The bridge reads the same variable for that default, so an embedded bridge agrees.
 - `NEMO_GYM_GRPC_CONNECT_TIMEOUT` (60): seconds one batch waits for a connection to the
   bridge (within the batch deadline) before all its items fail with UNAVAILABLE.
 - `NEMO_GYM_GRPC_STARTUP_TIMEOUT` (60): seconds to wait for an embedded bridge to serve.
@@ -52,7 +53,7 @@ HEAD_URL_ENV = "NEMO_GYM_HEAD_URL"
 BATCH_TIMEOUT_ENV = "NEMO_GYM_GRPC_BATCH_TIMEOUT"
 CONNECT_TIMEOUT_ENV = "NEMO_GYM_GRPC_CONNECT_TIMEOUT"
 ROLLOUT_BATCH_TIMEOUT_ENV = "NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT"
-RUN_TIMEOUT_ENV = "NEMO_GYM_GRPC_RUN_TIMEOUT"
+RUN_TIMEOUT_ENV = "NEMO_GYM_GRPC_RUN_TIMEOUT"  # the bridge's --run-timeout reads it too
 STARTUP_TIMEOUT_ENV = "NEMO_GYM_GRPC_STARTUP_TIMEOUT"
 ON_ERROR_ENV = "NEMO_GYM_GRPC_ON_ERROR"
 MAX_FAILURE_FRACTION_ENV = "NEMO_GYM_GRPC_MAX_FAILURE_FRACTION"

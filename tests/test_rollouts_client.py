@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import requests
 
-from nemo_gym_grpc.rewards import arun_rollouts, run_rollouts, trl_rollouts
+from nemo_gym_grpc.rewards import arun_rollouts, run_rollouts, settings, trl_rollouts
 from nemo_gym_grpc.rewards.outcomes import Failure
 from nemo_gym_grpc.rewards.stitch import stitch
 from nemo_gym_grpc.v1 import rollout_pb2
@@ -167,3 +167,37 @@ def test_a_call_past_its_deadline_gives_every_unfinished_rollout_the_calls_failu
         agent_stack.policy.reset()
     assert [o.code for o in outcomes] == ["DEADLINE_EXCEEDED"] * 3  # type: ignore[union-attr]
     assert all(isinstance(o, Failure) and o.whole_call for o in outcomes)
+
+
+def test_agent_down_and_unknown_agent_fail_their_rollouts_alone(start_bridge):
+    """No NeMo Gym needed: a bridge whose only agent is a closed port."""
+    bridge = start_bridge("--agent", f"{DOWN_AGENT}=http://127.0.0.1:{closed_port()}")
+    rows = [
+        {"responses_create_params": {"input": "hi"}},
+        {"agent_ref": {"name": "no_such_agent"}, "responses_create_params": {"input": "hi"}},
+    ]
+    down, unknown = run_rollouts(rows, agent=DOWN_AGENT, target=bridge.target, timeout=60)
+    assert isinstance(down, Failure) and isinstance(unknown, Failure)
+    assert (down.code, down.reason, down.whole_call) == (
+        "UNAVAILABLE",
+        "UPSTREAM_UNAVAILABLE",
+        False,
+    )
+    assert (unknown.code, unknown.reason) == ("NOT_FOUND", "UNKNOWN_AGENT")
+
+
+def test_the_token_setting_reaches_the_rollout_call(start_bridge, monkeypatch):
+    """The bridge requires a token: without it every rollout fails UNAUTHENTICATED (the whole
+    call); with NEMO_GYM_GRPC_TOKEN set, as for scoring, the rollouts are run."""
+    token = "rollout-test-token"
+    bridge = start_bridge(
+        "--agent", f"{DOWN_AGENT}=http://127.0.0.1:{closed_port()}", env={settings.TOKEN_ENV: token}
+    )
+    rows = [{"responses_create_params": {"input": "hi"}}]
+    monkeypatch.delenv(settings.TOKEN_ENV, raising=False)
+    (refused,) = run_rollouts(rows, agent=DOWN_AGENT, target=bridge.target, timeout=60)
+    assert isinstance(refused, Failure)
+    assert (refused.code, refused.whole_call) == ("UNAUTHENTICATED", True)
+    monkeypatch.setenv(settings.TOKEN_ENV, token)
+    (ran,) = asyncio.run(arun_rollouts(rows, agent=DOWN_AGENT, target=bridge.target, timeout=60))
+    assert isinstance(ran, Failure) and ran.code == "UNAVAILABLE"  # it reached the agent
