@@ -151,8 +151,11 @@ def sample_of(outcome: RunOutcome) -> Sample | Failure:
         return Failure("INTERNAL", exc.reason, str(exc))
 
 
-def rollout_output(outcomes: Sequence[RunOutcome], eos: int) -> dict[str, list[Any]]:
-    """TRL's `rollout_func` return value for `outcomes` (one per prompt, in prompt order).
+def rollout_output(
+    outcomes: Sequence[RunOutcome], eos: int, failures: dict[int, Failure] | None = None
+) -> dict[str, list[Any]]:
+    """TRL's `rollout_func` return value for `outcomes` (one per prompt, in prompt order);
+    `failures`, if given, receives index -> `Failure` of each failed rollout.
 
     Returns:
         {"prompt_ids", "completion_ids", "logprobs", "env_mask": lists per sample;
@@ -171,9 +174,11 @@ def rollout_output(outcomes: Sequence[RunOutcome], eos: int) -> dict[str, list[A
             "rollout_error",
         )
     }
-    for outcome in outcomes:
+    for index, outcome in enumerate(outcomes):
         sample = sample_of(outcome)
         if isinstance(sample, Failure):
+            if failures is not None:
+                failures[index] = sample
             error: str | None = sample.cause
             reward = math.nan
             sample = failed_sample(eos)
@@ -190,16 +195,10 @@ def rollout_output(outcomes: Sequence[RunOutcome], eos: int) -> dict[str, list[A
     return output
 
 
-def _guard(output: Mapping[str, list[Any]], fraction: float, where: str) -> None:
-    """Raise `ScoringError` above `fraction` failed; warn once about any failure."""
-    failures = {
-        i: Failure(cause, None, cause)
-        for i, cause in enumerate(output["rollout_error"])
-        if cause is not None
-    }
+def _guard(failures: Mapping[int, Failure], total: int, fraction: float, where: str) -> None:
+    """Raise `ScoringError` above `fraction` of `total` failed; warn once about any failure."""
     if not failures:
         return
-    total = len(output["rollout_error"])
     head = f"{len(failures)} of {total} rollouts failed"
     if len(failures) / total > fraction:
         raise policy.ScoringError(
@@ -288,9 +287,10 @@ def create_nemo_gym_rollout_func(
             prompts=prompts,
             responses_create_params=sampling,
         )
-        output = rollout_output(outcomes, eos_token_id(trainer))
+        failures: dict[int, Failure] = {}
+        output = rollout_output(outcomes, eos_token_id(trainer), failures)
         fraction = settings.resolve(max_failure_fraction, settings.max_failure_fraction)
-        _guard(output, fraction, f"rollout_func, {len(prompts)} prompts")
+        _guard(failures, len(prompts), fraction, f"rollout_func, {len(prompts)} prompts")
         return output
 
     return rollout_func

@@ -162,13 +162,14 @@ def test_rollouts_become_stitched_samples_and_failures_masked_eos_with_nan_rewar
 
 
 def test_more_failures_than_allowed_raise_instead_of_training_on_an_outage(caplog):
-    output = trl_rollouts.rollout_output(
-        [_rollout(1.0, TWO_TURNS), Failure("UNAVAILABLE", None, "x")], eos=3
-    )
-    trl_rollouts._guard(output, 0.5, "test")  # 1 of 2: allowed, and logged
-    assert "1 of 2 rollouts failed" in caplog.text
+    failures: dict[int, Failure] = {}
+    outcomes = [_rollout(1.0, TWO_TURNS), Failure("UNAVAILABLE", None, "agent gone")]
+    trl_rollouts.rollout_output(outcomes, eos=3, failures=failures)
+    assert failures == {1: outcomes[1]}
+    trl_rollouts._guard(failures, 2, 0.5, "test")  # 1 of 2: allowed, and logged
+    assert "1 of 2 rollouts failed" in caplog.text and "agent gone" in caplog.text
     with pytest.raises(ScoringError, match="1 of 2 rollouts failed, more than"):
-        trl_rollouts._guard(output, 0.4, "test")
+        trl_rollouts._guard(failures, 2, 0.4, "test")
 
 
 # --------------------------------------------------------------------------------------------
