@@ -30,6 +30,7 @@ import pytest
 from nemo_gym_grpc.v1 import verify_pb2_grpc
 from tests.support import (
     DEFAULT_SERVERS,
+    AgentStack,
     BridgeProcess,
     NemoGymServers,
     NoSuitablePython,
@@ -39,7 +40,9 @@ from tests.support import start_bridge as _start_bridge
 from tests.support.venv import forbid_nemo_gym
 from tests.support.versions import selected_version, version_tuple
 
-NEMO_GYM_FIXTURES = frozenset({"nemo_gym", "nemo_gym_venv", "bridge_target", "start_bridge"})
+NEMO_GYM_FIXTURES = frozenset(
+    {"nemo_gym", "nemo_gym_venv", "bridge_target", "start_bridge", "agent_stack"}
+)
 # Modules whose tests reach NeMo Gym without those fixtures (e.g. example_rows() in the body).
 NEMO_GYM_MODULES = frozenset({"test_score.py"})
 # Tests that start a bridge process with tests.support.start_bridge itself, as the
@@ -137,6 +140,26 @@ def nemo_gym(nemo_gym_venv: Path) -> Iterator[NemoGymServers]:
             f"NeMo Gym {servers.version} ng_run with {len(servers.servers)} resources servers: "
             f"ready in {servers.startup_seconds} s, stopped in {servers.stop_seconds} s"
         )
+
+
+@pytest.fixture(scope="session")
+def agent_stack(nemo_gym_venv: Path) -> Iterator[AgentStack]:
+    """The real NeMo Gym agent stack (tests/support/agents.py: vllm_model over the scripted
+    policy, simple_agent over example_single_tool_call; on 0.7 also the single_agent_turn
+    environment server and the masked math_agent), started once per test session. A test that
+    changes `agent_stack.policy.knobs` restores them (`policy.reset()` also clears the log)."""
+    stack = AgentStack(venv=nemo_gym_venv)
+    stack.start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        gym = stack.gym
+        if gym is not None:
+            _timings.append(
+                f"NeMo Gym {stack.version} agent stack ({len(gym.servers) + len(gym.extra_config)}"
+                f" servers): ready in {gym.startup_seconds} s, stopped in {gym.stop_seconds} s"
+            )
 
 
 @pytest.fixture(scope="session")
