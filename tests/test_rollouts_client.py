@@ -26,7 +26,13 @@ from nemo_gym_grpc.rewards.stitch import stitch
 from nemo_gym_grpc.v1 import rollout_pb2
 from tests.support import closed_port, example_rows
 from tests.support import start_bridge as _start_bridge
-from tests.support.agents import MASKED_AGENT, MASKED_RESOURCES, WEATHER_AGENT, WEATHER_RESOURCES
+from tests.support.agents import (
+    EPISODE_SERVER,
+    MASKED_AGENT,
+    MASKED_RESOURCES,
+    WEATHER_AGENT,
+    WEATHER_RESOURCES,
+)
 
 DOWN_AGENT = "down_agent"
 
@@ -214,3 +220,18 @@ def test_the_token_setting_reaches_the_rollout_call(start_bridge, monkeypatch):
     monkeypatch.setenv(settings.TOKEN_ENV, token)
     (ran,) = asyncio.run(arun_rollouts(rows, agent=DOWN_AGENT, target=bridge.target, timeout=60))
     assert isinstance(ran, Failure) and ran.code == "UNAVAILABLE"  # it reached the agent
+
+
+def test_a_row_runs_as_an_episode_of_an_environment_server(
+    agent_stack, nemo_gym_venv, rollout_target
+):
+    """NeMo Gym 0.7's single_agent_turn runs the row as a typed episode over the same agent."""
+    (row, *_) = example_rows(WEATHER_RESOURCES, nemo_gym_venv)
+    (outcome,) = run_rollouts([row], agent=EPISODE_SERVER, target=rollout_target, timeout=300)
+    if not agent_stack.environment_urls:  # NeMo Gym 0.4: no environment servers to route to
+        assert isinstance(outcome, Failure) and outcome.code == "NOT_FOUND"
+        return
+    assert isinstance(outcome, rollout_pb2.RunResponse), outcome
+    assert outcome.rollout.reward == 1.0
+    assert len(outcome.rollout.turns) == 2
+    assert stitch(outcome.rollout.turns).num_turns == 2
