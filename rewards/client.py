@@ -17,7 +17,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import grpc
 from google.rpc import status_pb2
@@ -240,11 +240,11 @@ def _run_call(
 
 def _drive_sync(
     call: _Call[_Req, _Res, _Msg],
-    stream_method: Callable[[channels.Channel], Callable[..., object]],
+    stream_method: Callable[[channels.Channel], Callable[..., Any]],
     security: Security,
-    results_of: Callable[[object], Iterable[_Res]],
 ) -> dict[str, _Res | Failure]:
-    """Run `call` on the process's shared channel to its target."""
+    """Run `call` on the process's shared channel to its target (`stream_method`: the
+    stub's stream-stream method on that channel)."""
     if not call.sendable:
         return call.finish()
     channel = channels.shared(call.target, security)
@@ -255,17 +255,16 @@ def _drive_sync(
     stream = stream_method(channel)(
         messages, timeout=left, metadata=call.metadata, wait_for_ready=True
     )
-    with call.reading(stream):  # type: ignore[arg-type]
-        for message in stream:  # type: ignore[attr-defined]
-            call.on_message(results_of(message))
+    with call.reading(stream):
+        for message in stream:
+            call.on_message(message.results)
     return call.finish()
 
 
 async def _drive_async(
     call: _Call[_Req, _Res, _Msg],
-    stream_method: Callable[[grpc.aio.Channel], Callable[..., object]],
+    stream_method: Callable[[grpc.aio.Channel], Callable[..., Any]],
     security: Security,
-    results_of: Callable[[object], Iterable[_Res]],
 ) -> dict[str, _Res | Failure]:
     """Run `call` over grpc.aio on a channel of its own (closed before returning)."""
     if not call.sendable:
@@ -280,18 +279,10 @@ async def _drive_async(
         stream = stream_method(channel)(
             messages, timeout=left, metadata=call.metadata, wait_for_ready=True
         )
-        with call.reading(stream):  # type: ignore[arg-type]
-            async for message in stream:  # type: ignore[attr-defined]
-                call.on_message(results_of(message))
+        with call.reading(stream):
+            async for message in stream:
+                call.on_message(message.results)
         return call.finish()
-
-
-def _results(message: object) -> Iterable[verify_pb2.VerifyResponse]:
-    return message.results  # type: ignore[attr-defined, no-any-return]
-
-
-def _run_results(message: object) -> Iterable[rollout_pb2.RunResponse]:
-    return message.results  # type: ignore[attr-defined, no-any-return]
 
 
 def verify_batch(
@@ -323,7 +314,7 @@ def verify_batch(
             ended the stream OK with items unanswered.
     """
     call = _verify_call(target, requests, timeout, connect_timeout, security)
-    return _drive_sync(call, lambda channel: channel.stub.VerifyStream, security, _results)
+    return _drive_sync(call, lambda channel: channel.stub.VerifyStream, security)
 
 
 async def verify_batch_async(
@@ -341,7 +332,6 @@ async def verify_batch_async(
         call,
         lambda channel: verify_pb2_grpc.VerifyServiceStub(channel).VerifyStream,
         security,
-        _results,
     )
 
 
@@ -360,7 +350,7 @@ def run_batch(
     gRPC deadline of the whole call, so it bounds every rollout in it).
     """
     call = _run_call(target, requests, timeout, connect_timeout, security)
-    return _drive_sync(call, lambda channel: channel.rollouts.RunStream, security, _run_results)
+    return _drive_sync(call, lambda channel: channel.rollouts.RunStream, security)
 
 
 async def run_batch_async(
@@ -379,5 +369,4 @@ async def run_batch_async(
         call,
         lambda channel: rollout_pb2_grpc.RolloutServiceStub(channel).RunStream,
         security,
-        _run_results,
     )
