@@ -202,20 +202,16 @@ class Runner:
         try:
             if deadline is None:
                 await slots.semaphore.acquire()
-            else:
-                wait = deadline - queued_at - DEADLINE_MARGIN
-                try:
-                    await asyncio.wait_for(slots.semaphore.acquire(), max(wait, 0.0))
-                except TimeoutError:
-                    raise errors.ItemError(
-                        code_pb2.DEADLINE_EXCEEDED,
-                        errors.UPSTREAM_TIMEOUT,
-                        f"the RPC deadline passed while waiting "
-                        f"{time.monotonic() - queued_at:.3f} s for one of agent {name!r}'s "
-                        f"{self._concurrency} slots (--agent-concurrency)",
-                        agent=name,
-                        queuedSeconds=f"{time.monotonic() - queued_at:.3f}",
-                    ) from None
+            elif not await _acquire(slots.semaphore, deadline - queued_at - DEADLINE_MARGIN):
+                raise errors.ItemError(
+                    code_pb2.DEADLINE_EXCEEDED,
+                    errors.UPSTREAM_TIMEOUT,
+                    f"the RPC deadline passed while waiting "
+                    f"{time.monotonic() - queued_at:.3f} s for one of agent {name!r}'s "
+                    f"{self._concurrency} slots (--agent-concurrency)",
+                    agent=name,
+                    queuedSeconds=f"{time.monotonic() - queued_at:.3f}",
+                )
         finally:
             slots.waiting -= 1
         slots.in_flight += 1
@@ -280,6 +276,27 @@ class Runner:
             exc.latency_seconds = reply.seconds
             raise
         return ran, reply.seconds
+
+
+async def _acquire(semaphore: asyncio.Semaphore, seconds: float) -> bool:
+    """Acquire `semaphore` within `seconds`: True once held, False when the time passed
+    first. A slot acquired just as the time passed is kept (True); one acquired just as the
+    caller is cancelled is released (`asyncio.wait_for` can lose either on Python < 3.12)."""
+    acquiring = asyncio.ensure_future(semaphore.acquire())
+    try:
+        await asyncio.wait({acquiring}, timeout=max(seconds, 0.0))
+    except asyncio.CancelledError:
+        if not acquiring.cancel() and not acquiring.cancelled():
+            semaphore.release()  # it was acquired: give it back
+        raise
+    if acquiring.done():
+        return True
+    acquiring.cancel()
+    try:
+        await acquiring
+    except asyncio.CancelledError:
+        return False
+    return True  # acquired before the cancellation took effect
 
 
 def _not_started(exc: errors.ItemError) -> bool:

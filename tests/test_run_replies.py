@@ -394,10 +394,14 @@ def test_agents_and_environment_servers_are_discovered_with_their_protocol():
         "policy_model": {
             "responses_api_models": {"vllm_model": {"host": "127.0.0.1", "port": 5004}}
         },
+        # 0.7's relay to an unmigrated agent takes the agent's flat row
+        "relay": {"environment_servers": {"legacy_agent": {"host": "127.0.0.1", "port": 5005}}},
     }
     body = json.dumps(yaml.safe_dump(config)).encode()
     assert parse_servers(body, "http://127.0.0.2:11000", AGENT_SERVERS) == {
         "simple_agent": ("http://127.0.0.2:5001", "agent"),
         "weather_env": ("http://127.0.0.1:5002", "environment"),
         "single_agent_turn": ("http://127.0.0.1:5002", "environment"),
+        "relay": ("http://127.0.0.1:5005", "agent"),
+        "legacy_agent": ("http://127.0.0.1:5005", "agent"),
     }

@@ -1,9 +1,9 @@
 """Everything the bridge knows about NeMo Gym's HTTP API, and the only package that does.
 
-Routes the bridge calls: `POST /run` on an agent server (`run.py`) and on an environment
-server (`episodes.py`), `POST /verify` (`verify.py`), `POST /seed_session` and
+Routes the bridge calls: `POST /verify` (`verify.py`), `POST /seed_session` and
 `POST /close_session` (`sessions.py`) on a resources server, each under 0.7's
-`/ng-rollout/<id>` prefix where the server has it; `GET /openapi.json` and `/reverify_mode` to
+`/ng-rollout/<id>` prefix where the server has it; `POST /run` on an agent server (`run.py`)
+and on an environment server (`episodes.py`), plain (neither has a prefixed route); `GET /openapi.json` and `/reverify_mode` to
 learn what a server supports (`capabilities.py`); `GET /` as its liveness probe (`http.py`,
 with the POST itself and its error mapping), and the head server's
 `GET /global_config_dict_yaml` (`head.py`).

@@ -31,6 +31,9 @@ def _base_url(host: str, port: int | str, head_host: str) -> str:
 # Head-server config blocks -> the protocol the bridge speaks to a server found there.
 RESOURCES_SERVERS = {"resources_servers": ""}
 AGENT_SERVERS = {"responses_api_agents": "agent", "environment_servers": "environment"}
+# Environment server types whose `/run` takes a flat row, as an agent's does (0.7's relay to an
+# unmigrated agent, and the flat-row adapter of single_agent_turn); found by type name.
+ROW_RUN_ENVIRONMENT_SERVERS = frozenset({"legacy_agent", "single_agent_turn_legacy"})
 
 
 def parse_servers(
@@ -49,7 +52,8 @@ def parse_servers(
 
     Args:
         blocks: {block name: protocol}; each server found is returned with its block's
-            protocol (e.g. AGENT_SERVERS).
+            protocol (e.g. AGENT_SERVERS), except that an `environment_servers` entry of a
+            type in ROW_RUN_ENVIRONMENT_SERVERS gets the "agent" block's protocol.
 
     Returns:
         {name: (base URL, protocol)}, e.g. {"mcqa": ("http://127.0.0.1:18001", "")}.
@@ -79,7 +83,14 @@ def parse_servers(
                     and server.get("host") is not None
                     and server.get("port")
                 ):
-                    route = (_base_url(server["host"], server["port"], head_host), protocol)
+                    found_protocol = protocol
+                    if (
+                        block_name == "environment_servers"
+                        and server_type in ROW_RUN_ENVIRONMENT_SERVERS
+                    ):
+                        found_protocol = blocks.get("responses_api_agents", protocol)
+                    url = _base_url(server["host"], server["port"], head_host)
+                    route = (url, found_protocol)
                     by_instance[str(instance)] = route
                     by_type.setdefault(str(server_type), set()).add(route)
     found = dict(by_instance)

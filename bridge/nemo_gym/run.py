@@ -105,8 +105,9 @@ def read_rollout(reply: dict[str, Any], url: str, include_reply: bool) -> Ran:
     Raises:
         errors.ItemError: as `score_reply` (masked, a judge failure included: UNKNOWN /
             UPSTREAM_MASKED_SAMPLE, never retried, as rerunning means a new rollout; no
-            numeric reward: INTERNAL / UPSTREAM_BAD_REPLY); INTERNAL / UPSTREAM_BAD_REPLY when `response.output` is
-            there but not a list, or its token fields are malformed (`token_turns`).
+            numeric reward: INTERNAL / UPSTREAM_BAD_REPLY); INTERNAL / UPSTREAM_BAD_REPLY
+            when `response.output` is there but not a list, or its token fields are
+            malformed (`token_turns`).
     """
     scored = score_reply(reply, url, include_reply, judge_unavailable=False)
     response = reply.get("response")

@@ -237,8 +237,8 @@ def score_reply(
     Raises:
         errors.ItemError: no finite numeric `reward`, or non-numeric `reward_components`
             (INTERNAL / UPSTREAM_BAD_REPLY); or it is masked (`masked`; see
-            `masked_error`, which gets `judge_unavailable`). None is retryable: a retry would repeat the same scoring (and,
-            for judge failures, its judge calls).
+            `masked_error`, which gets `judge_unavailable`). None is retryable: a retry
+            would repeat the same scoring (and, for judge failures, its judge calls).
     """
     if masked(reply):
         raise masked_error(reply, url, judge_unavailable)
