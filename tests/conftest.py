@@ -54,6 +54,7 @@ NEMO_GYM_TESTS = frozenset(
 # Modules whose tests also run on NeMo Gym 0.4.0 (`make test`'s second phase: -m compat).
 COMPAT_MODULES = frozenset(
     {
+        "test_agent_stack.py",
         "test_bridge.py",
         "test_multireward.py",
         "test_nemo_gym_harness.py",

@@ -37,6 +37,7 @@ from tests.support.policy_model import (
 from tests.support.versions import version_tuple
 
 TIMEOUT = 120.0  # s, any one HTTP call of these tests
+CLOSE_WAIT = 5.0  # s, how long 0.4.0's held model call is watched for a close that never comes
 
 
 @pytest.fixture
@@ -76,9 +77,23 @@ def _expected_turns(row: dict[str, Any], tool_output: str) -> list[dict[str, lis
     return turns
 
 
+def _episode(row: dict[str, Any], rollout_id: str) -> dict[str, Any]:
+    """A single_agent_turn episode request for `row` (attempt 0)."""
+    return {
+        "episode_id": {"rollout_id": rollout_id, "attempt": 0},
+        "task": {
+            "task_id": {"taskset": f"{WEATHER_RESOURCES}:example", "task_id": "0"},
+            "task_input": {
+                "responses_create_params": row["responses_create_params"],
+                "task_data": {},
+            },
+        },
+    }
+
+
 def _token_fields(item: dict[str, Any]) -> dict[str, list[Any]]:
     keys = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
-    return {k: [int(v) if k != "generation_log_probs" else v for v in item[k]] for k in keys}
+    return {k: item[k] for k in keys}
 
 
 def test_a_weather_rollout_scores_1_with_the_predicted_token_ids(
@@ -114,16 +129,7 @@ def test_a_weather_rollout_scores_1_with_the_predicted_token_ids(
 def test_an_episode_gives_the_reward_as_its_result(
     agent_stack: AgentStack, http: requests.Session, weather_row: dict[str, Any]
 ) -> None:
-    episode: dict[str, Any] = {
-        "episode_id": {"rollout_id": "weather-0", "attempt": 0},
-        "task": {
-            "task_id": {"taskset": f"{WEATHER_RESOURCES}:example", "task_id": "0"},
-            "task_input": {
-                "responses_create_params": weather_row["responses_create_params"],
-                "task_data": {},
-            },
-        },
-    }
+    episode = _episode(weather_row, "weather-0")
     url = f"{agent_stack.environment_urls[EPISODE_SERVER]}/run"
     reply = http.post(url, json=episode, timeout=TIMEOUT)
     assert reply.status_code == 200, reply.text
@@ -226,3 +232,29 @@ def test_a_delayed_policy_delays_every_model_call(
     assert len(calls) == 2
     # each call was answered no sooner than its scripted delay (a lower bound the policy sets)
     assert all(c.finished is not None and c.finished - c.started >= 0.3 for c in calls)
+
+
+@pytest.mark.parametrize("route", ["agent", pytest.param("episode", marks=pytest.mark.nemo_gym_07)])
+def test_a_client_that_gives_up_closes_the_policy_call_from_0_7_on(
+    agent_stack: AgentStack, http: requests.Session, weather_row: dict[str, Any], route: str
+) -> None:
+    """0.7 closes its model call when the caller of `/run` disconnects (nemo_gym.server_utils
+    cancels a request whose client went away): the close travels agent (or environment server)
+    -> vllm_model -> the policy, whose log records it. 0.4.0 has no such cancellation: the held
+    call stays open (checked for CLOSE_WAIT s) until released."""
+    closes = version_tuple(agent_stack.version) >= (0, 7)
+    policy = agent_stack.policy
+    policy.knobs = Knobs(hold=True)
+    if route == "agent":
+        url, body = f"{agent_stack.agent_urls[WEATHER_AGENT]}/run", weather_row
+    else:
+        url = f"{agent_stack.environment_urls[EPISODE_SERVER]}/run"
+        body = _episode(weather_row, "given-up-0")
+    with pytest.raises(requests.Timeout):
+        http.post(url, json=body, timeout=3)  # held: no answer, the client gives up
+    deadline = time.monotonic() + (30 if closes else CLOSE_WAIT)
+    while not any(c.closed_by_client for c in policy.calls) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [(c.path, c.status, c.closed_by_client) for c in policy.calls] == [
+        ("/v1/chat/completions", None, closes)
+    ]

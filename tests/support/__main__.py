@@ -3,6 +3,8 @@
 python -m tests.support ensure-venv          # build (or find) the cached NeMo Gym venv
 python -m tests.support find-python          # the Python it is built with
 python -m tests.support run [SERVER ...]     # start servers, print URLs; Ctrl-C stops
+python -m tests.support agents [--policy-delay S] [--tool-turns N]
+                                             # the agent stack (agents.py), print URLs; Ctrl-C stops
 
 Each takes --version 0.7.0 | 0.4.0 (default: env NEMO_GYM_VERSION, else 0.7.0).
 """
@@ -19,6 +21,8 @@ from collections.abc import Sequence
 from tests.support import (
     DEFAULT_SERVERS,
     SPECS,
+    AgentStack,
+    Knobs,
     NemoGymError,
     NemoGymServers,
     NoSuitablePython,
@@ -41,7 +45,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = commands.add_parser(
         "run", help="start servers, print their URLs; Ctrl-C or SIGTERM stops them"
     )
-    for command in (ensure, find, run):
+    agents = commands.add_parser(
+        "agents", help="start the agent stack (scripted policy), print URLs; Ctrl-C stops it"
+    )
+    agents.add_argument("--policy-delay", type=float, default=0.0, help="s per model call")
+    agents.add_argument("--tool-turns", type=int, default=1, help="tool calls per rollout")
+    for command in (ensure, find, run, agents):
         command.add_argument("--version", choices=sorted(SPECS), default=None)
     run.add_argument("servers", nargs="*", default=list(DEFAULT_SERVERS))
     args = parser.parse_args(argv)
@@ -53,6 +62,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             venv = ensure_venv(version=args.version)
             seconds = time.monotonic() - started
             print(f"{venv} ready: nemo-gym {venv_version(venv)} ({seconds:.1f} s)")
+        elif args.command == "agents":
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
+            with AgentStack(version=args.version) as stack:
+                stack.policy.knobs = Knobs(delay=args.policy_delay, tool_turns=args.tool_turns)
+                print(
+                    f"NeMo Gym {stack.version} agent stack: head {stack.head_url} (policy "
+                    f"{stack.policy.base_url}, pid {stack.policy.pid})"
+                )
+                for name, url in {**stack.agent_urls, **stack.environment_urls}.items():
+                    print(f"{name} {url}")
+                sys.stdout.flush()
+                with contextlib.suppress(KeyboardInterrupt):
+                    while stack.gym is not None and stack.gym.running():
+                        time.sleep(1)
         else:
             # Also when started in the background (`&` leaves SIGINT ignored) or by `kill`.
             signal.signal(signal.SIGINT, signal.default_int_handler)

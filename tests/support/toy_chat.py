@@ -8,7 +8,8 @@
 `messages` are Chat Completions messages (what NeMo Gym's `vllm_model` sends upstream: role
 system / developer / user / assistant (content, tool_calls) / tool), `tools` the request's
 `tools` ([{"type": "function", "function": {"name": ...}}]). Every id is below VOCAB_SIZE (64),
-so a tiny TRL model with `vocab_size >= VOCAB_SIZE` can train on them; ids 0-7 are SPECIAL.
+so a tiny TRL model with `vocab_size >= VOCAB_SIZE` can train on them; ids 0-7 are SPECIAL, and
+VOCAB names every id.
 
 Prefix-stable across turns, as a real chat template is: a prompt is the rendered messages
 followed by the generation header ASSISTANT, and a generation is an assistant message rendered
@@ -36,6 +37,10 @@ SPECIAL = {
     "<|tool_call|>": TOOL_CALL,
 }
 FIRST_WORD_ID = len(SPECIAL)
+# A name per id (position = id): the SPECIAL names, then "w8" ... "w63". A WordLevel tokenizer
+# over VOCAB (e.g. tests/support/tiny_trl.py's) has exactly these ids, so a tiny TRL model built
+# on it can train on rollout token ids and decode them.
+VOCAB = [*SPECIAL, *(f"w{i}" for i in range(FIRST_WORD_ID, VOCAB_SIZE))]
 _WORD = re.compile(r"\w+|[^\w\s]")
 
 
