@@ -38,10 +38,8 @@ SAMPLING = {"temperature": 1.0, "top_p": 1.0}  # GRPOConfig's defaults, set on e
 
 
 def toy_tokenizer() -> Any:
-    """A tokenizer over the scripted policy's 64 ids (special names at their ids)."""
-    names = {token_id: name for name, token_id in toy_chat.SPECIAL.items()}
-    vocab = [names.get(i, f"t{i}") for i in range(toy_chat.VOCAB_SIZE)]
-    return word_tokenizer(vocab, pad="<pad>", unk="<pad>", bos="<s>", eos="</s>")
+    """A tokenizer over the scripted policy's 64 ids (`toy_chat.VOCAB`)."""
+    return word_tokenizer(toy_chat.VOCAB, pad="<pad>", unk="<pad>", bos="<s>", eos="</s>")
 
 
 def dataset_rows(venv: Path) -> list[dict[str, Any]]:
