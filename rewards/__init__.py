@@ -9,17 +9,23 @@ Drop-in for axolotl's `axolotl.integrations.nemo_gym.rewards` (same names and ca
 - `create_nemo_gym_reward_fn(global_config, verify_endpoints, ...)`: the same, bound to
   explicit endpoints, with the failure policy (`on_error`, `max_failure_fraction`) and
   `asynchronous` as keywords.
-- `reward_env`: passthrough of a precomputed `env_reward`.
+- `reward_env`: passthrough of a precomputed `env_reward` (the rollouts' rewards).
+- `create_nemo_gym_rollout_func(agent, ...)`: a TRL `rollout_func` running each prompt as a
+  NeMo Gym rollout (agent `/run`) over one gRPC `RunStream` per call, tokens stitched across
+  turns, failed rollouts masked with reward NaN (`trl_rollouts`).
+- `run_rollouts(rows, agent=..., target=...)` / `arun_rollouts`: NeMo Gym dataset rows ->
+  rollouts, one outcome per row (`rollouts`).
 - `ScoringError`: raised when a call fails under its failure policy.
 
 Load by dotted path, e.g. in an axolotl config
 `trl.reward_funcs: [nemo_gym_grpc.rewards.reward_nemo_gym_verify]`.
 Configuration is by environment variable: the list is in `settings.py`.
 Modules: `functions` (the reward functions), `convert` (arguments -> VerifyRequests),
-`outcomes` (`Failure`, `Outcome`), `client` (the VerifyStream call), `channels` (gRPC
-channels), `policy` (what failed items give), `trl_logging` (TRL's `log_metric` /
-`log_extra`), `embedded` (the zero-config bridge subprocess), `score` and `scorefile` (the
-`nemo-gym-grpc score` command).
+`rollouts` (rows -> RunRequests, the rollout calls), `stitch` (per-turn tokens -> one sample),
+`trl_rollouts` (the TRL rollout_func), `outcomes` (`Failure`, `Outcome`, `RunOutcome`),
+`client` (the VerifyStream and RunStream calls), `channels` (gRPC channels), `policy` (what
+failed items give), `trl_logging` (TRL's `log_metric` / `log_extra`), `embedded` (the
+zero-config bridge subprocess), `score` and `scorefile` (the `nemo-gym-grpc score` command).
 """
 
 import os
@@ -39,11 +45,16 @@ from nemo_gym_grpc.rewards.functions import (  # noqa: E402 (after the gRPC sett
     reward_nemo_gym_verify_async,
 )
 from nemo_gym_grpc.rewards.policy import ScoringError  # noqa: E402
+from nemo_gym_grpc.rewards.rollouts import arun_rollouts, run_rollouts  # noqa: E402
+from nemo_gym_grpc.rewards.trl_rollouts import create_nemo_gym_rollout_func  # noqa: E402
 
 __all__ = [
     "ScoringError",
+    "arun_rollouts",
+    "create_nemo_gym_rollout_func",
     "create_nemo_gym_reward_fn",
     "reward_env",
     "reward_nemo_gym_verify",
     "reward_nemo_gym_verify_async",
+    "run_rollouts",
 ]

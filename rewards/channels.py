@@ -5,7 +5,7 @@ Load balancing: every channel uses gRPC's `round_robin` policy (service config
 addresses spreads calls over all of them and skips those that refuse connections: a list
 (`ipv4:10.0.0.1:50051,10.0.0.2:50051`) or a DNS name with several records
 (`dns:///bridge.ns.svc.cluster.local:50051`, e.g. a Kubernetes headless Service). One call
-(one batch's `VerifyStream`) goes to one bridge; successive calls rotate.
+(one batch's `VerifyStream` or `RunStream`) goes to one bridge; successive calls rotate.
 
 Sync calls share one channel per target (and TLS files) per process (`shared`); a forked child
 sets its parent's aside and makes its own (gRPC state does not survive fork). A `grpc.aio`
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import grpc
 
 from nemo_gym_grpc.rewards.per_process import PerProcess
-from nemo_gym_grpc.v1 import verify_pb2_grpc
+from nemo_gym_grpc.v1 import rollout_pb2_grpc, verify_pb2_grpc
 
 MiB = 1024 * 1024
 # gRPC's default 4 MiB receive limit rejects a 64-item message of long completions; the
@@ -73,10 +73,11 @@ PLAINTEXT = Security()
 
 @dataclass(frozen=True)
 class Channel:
-    """A sync channel and its stub."""
+    """A sync channel and its stubs (`stub`: VerifyService, `rollouts`: RolloutService)."""
 
     channel: grpc.Channel
     stub: verify_pb2_grpc.VerifyServiceStub
+    rollouts: rollout_pb2_grpc.RolloutServiceStub
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait up to `timeout` s until the channel can carry calls (some address answered
@@ -116,5 +117,9 @@ def shared(target: str, security: Security = PLAINTEXT) -> Channel:
                 raw = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
             else:
                 raw = grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
-            channel = _shared.entries[key] = Channel(raw, verify_pb2_grpc.VerifyServiceStub(raw))
+            channel = _shared.entries[key] = Channel(
+                raw,
+                verify_pb2_grpc.VerifyServiceStub(raw),
+                rollout_pb2_grpc.RolloutServiceStub(raw),
+            )
         return channel

@@ -23,10 +23,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from nemo_gym_grpc.rewards.outcomes import INVALID_ITEM, Failure, Outcome
+from nemo_gym_grpc.rewards.outcomes import INVALID_ITEM, Failure
 from nemo_gym_grpc.v1 import verify_pb2
+
+_R = TypeVar("_R")  # the request message (VerifyRequest, RunRequest)
+_O = TypeVar("_O")  # its successful result (VerifyResponse, RunResponse)
 
 
 class InvalidText(ValueError):
@@ -173,8 +176,8 @@ def row_json(extra: Any, index: int) -> str:
 
 
 @dataclass
-class Batch:
-    """The items of one reward-function call.
+class Batch(Generic[_R, _O]):
+    """The items of one reward-function call (or of one batch of rollouts, `rollouts.py`).
 
     Attributes:
         size: the number of input items (completions).
@@ -187,21 +190,21 @@ class Batch:
 
     size: int
     batch_id: str
-    requests: list[verify_pb2.VerifyRequest] = field(default_factory=list)
+    requests: list[_R] = field(default_factory=list)
     rejected: dict[int, Failure] = field(default_factory=dict)
 
     def request_id(self, index: int) -> str:
         """The request_id of the item at input position `index`."""
         return f"{self.batch_id}-{index}"
 
-    def outcomes(self, sent: Mapping[str, Outcome]) -> list[Outcome]:
+    def outcomes(self, sent: Mapping[str, _O | Failure]) -> list[_O | Failure]:
         """One outcome per input item, in input order: the rejected items' failures, and for
-        the others `sent[request_id]` (from `client.verify_batch`).
+        the others `sent[request_id]` (from `client.verify_batch` / `client.run_batch`).
 
         Raises:
             ValueError: `sent` has no outcome for a request of this batch.
         """
-        outcomes: list[Outcome] = []
+        outcomes: list[_O | Failure] = []
         for index in range(self.size):
             rejected = self.rejected.get(index)
             outcome = rejected if rejected is not None else sent.get(self.request_id(index))
@@ -226,7 +229,7 @@ def build_batch(
     timeout_seconds: float,
     batch_id: str,
     include_reply: bool = False,
-) -> Batch:
+) -> Batch[verify_pb2.VerifyRequest, verify_pb2.VerifyResponse]:
     """Build one `VerifyRequest` per completion.
 
     Args:
@@ -265,6 +268,7 @@ def build_batch(
     if verify_extras is not None:
         _check_length("verify_extra", verify_extras, count)
 
+    batch: Batch[verify_pb2.VerifyRequest, verify_pb2.VerifyResponse]
     batch = Batch(size=count, batch_id=batch_id)
     for index, completion in enumerate(completions):
         text = completion_text(completion)

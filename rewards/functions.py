@@ -23,6 +23,7 @@ from typing import Any
 
 from nemo_gym_grpc.rewards import channels, client, convert, embedded, policy, settings, trl_logging
 from nemo_gym_grpc.rewards.outcomes import Outcome
+from nemo_gym_grpc.v1 import verify_pb2
 
 # The `model` the seed's reward_nemo_gym_verify wrote into its Responses object.
 SEED_MODEL = "axolotl"
@@ -33,8 +34,10 @@ def reward_env(
 ) -> list[float | None]:
     """Passthrough of a reward computed elsewhere (NeMo Gym agent `/run`, multi-turn).
 
-    Reads the `env_reward` keyword argument (injected per sample by axolotl's NeMo Gym data
-    producer): a list or tuple gives `[float(r) for r in env_reward]`; a scalar is repeated
+    Reads the `env_reward` keyword argument, one per completion: the rollout's reward, which
+    `create_nemo_gym_rollout_func` returns and TRL forwards (NaN for a failed rollout, which
+    stays NaN), or axolotl's NeMo Gym data producer injects. A list or tuple gives
+    `[float(r) for r in env_reward]`; a scalar is repeated
     once per completion; missing (or None) gives 0.0 per completion. As axolotl's
     `reward_env`, except that a list entry of None (a rollout without a reward) stays None
     (TRL reads it as NaN) and a list of another length than `completions` is an error; no I/O.
@@ -287,7 +290,7 @@ class _Scorer:
 
 @dataclass
 class _Job:
-    batch: convert.Batch
+    batch: convert.Batch[verify_pb2.VerifyRequest, verify_pb2.VerifyResponse]
     target: str | None
     security: channels.Security
     batch_timeout: float

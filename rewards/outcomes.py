@@ -1,4 +1,5 @@
-"""What one item's scoring came to: a `VerifyResponse`, or a `Failure` saying why not.
+"""What one item came to: a `VerifyResponse` (scoring) or a `RunResponse` (a rollout), or a
+`Failure` saying why not.
 
 Also the reasons (`google.rpc.ErrorInfo.reason`) of the failures the client side decides
 itself, without the bridge: `INVALID_ITEM` and `ITEM_TOO_LARGE` are the bridge's own reasons
@@ -9,20 +10,28 @@ for the same causes (`bridge/errors.py`), the scorefile ones exist on this side 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import cast
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from nemo_gym_grpc.v1 import verify_pb2
+from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
 # An item that cannot be turned into a `/verify` call (here: no server name, text that is
 # not valid Unicode).
 INVALID_ITEM = "INVALID_ITEM"
 # An item bigger than the gRPC message limit (here: it cannot be sent at all).
 ITEM_TOO_LARGE = "ITEM_TOO_LARGE"
+# A rollout without the tokens a trainer needs (decided by `stitch.py`): no model call returned
+# token ids (the agent's policy model is not `vllm_model` with `return_token_id_information`)
+# or nothing was generated; a turn's prompt does not continue the previous turn's prompt and
+# generation; a turn's logprobs do not match its generated tokens.
+NO_TOKENS = "NO_TOKENS"
+TURNS_NOT_CONTIGUOUS = "TURNS_NOT_CONTIGUOUS"
+LOGPROBS_MISMATCH = "LOGPROBS_MISMATCH"
 # `score` input lines: not a JSON object with a `response` object; no route.
 INVALID_ROW = "INVALID_ROW"
 NO_RESOURCES_SERVER = "NO_RESOURCES_SERVER"
@@ -31,8 +40,8 @@ _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 class ProtocolError(RuntimeError):
-    """The bridge broke the VerifyStream contract: a result with an unknown or duplicate
-    `request_id`, or a stream that ended OK without a result for every item. Results are
+    """The bridge broke the VerifyStream / RunStream contract: a result with an unknown or
+    duplicate `request_id`, or a stream that ended OK without a result for every item. Results are
     never zipped, broadcast or truncated onto the items, so this is raised instead."""
 
 
@@ -48,12 +57,15 @@ class Failure:
         whole_call: True when the item got no result of its own because the call failed as
             a whole (no connection, deadline, token refused, channel closed, bridge
             stopped): the item itself may be fine, and sending it again may score it.
+        metadata: the `ErrorInfo` detail's metadata (rollouts: `failureKind`,
+            `failureReason`, `stage`, `terminal`, when the bridge knows them); empty if none.
     """
 
     code: str
     reason: str | None
     message: str
     whole_call: bool = False
+    metadata: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def cause(self) -> str:
@@ -65,14 +77,16 @@ class Failure:
         """From a `google.rpc.Status` (a per-item `VerifyResponse.error`, or a call's rich
         status); the reason is taken from its first `ErrorInfo` detail."""
         reason = None
+        metadata: dict[str, str] = {}
         for detail in status.details:
             if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
                 info = error_details_pb2.ErrorInfo()
                 detail.Unpack(info)
                 reason = info.reason or None
+                metadata = dict(info.metadata)
                 break
         code = _CODE_NAMES.get(status.code, f"CODE_{status.code}")
-        return cls(code, reason, status.message)
+        return cls(code, reason, status.message, metadata=metadata)
 
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError) -> Failure:
@@ -95,6 +109,10 @@ class Failure:
 Outcome = verify_pb2.VerifyResponse | Failure
 """The outcome of one item: a successful `VerifyResponse` (`reward`, `reward_components`,
 ...), or a `Failure`."""
+
+RunOutcome = rollout_pb2.RunResponse | Failure
+"""The outcome of one rollout: a `RunResponse` whose `rollout` is set (reward, output, turns,
+`latency_seconds`), or a `Failure`."""
 
 
 def finite_number(value: object) -> float | None:

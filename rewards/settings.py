@@ -21,6 +21,12 @@ variable (`resolve`); unset or empty means the default.
   bridge discovers resources servers from.
 - `NEMO_GYM_GRPC_BATCH_TIMEOUT` (600): gRPC deadline, in seconds, of one batch's
   `VerifyStream` call.
+- `NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT` (10800): gRPC deadline, in seconds, of one batch of
+  rollouts' `RunStream` call (`run_rollouts`, the TRL `rollout_func`): every rollout of the
+  batch ends by then (a rollout without a result fails with DEADLINE_EXCEEDED).
+- `NEMO_GYM_GRPC_RUN_TIMEOUT` (unset): seconds one rollout's agent `/run` call may take
+  (`RunRequest.timeout_seconds`); unset = the bridge's `--run-timeout` (3600 s by default).
+  The bridge reads the same variable for that default, so an embedded bridge agrees.
 - `NEMO_GYM_GRPC_CONNECT_TIMEOUT` (60): seconds one batch waits for a connection to the
   bridge (within the batch deadline) before all its items fail with UNAVAILABLE.
 - `NEMO_GYM_GRPC_STARTUP_TIMEOUT` (60): seconds to wait for an embedded bridge to serve.
@@ -46,6 +52,8 @@ TARGET_ENV = "NEMO_GYM_GRPC_TARGET"
 HEAD_URL_ENV = "NEMO_GYM_HEAD_URL"
 BATCH_TIMEOUT_ENV = "NEMO_GYM_GRPC_BATCH_TIMEOUT"
 CONNECT_TIMEOUT_ENV = "NEMO_GYM_GRPC_CONNECT_TIMEOUT"
+ROLLOUT_BATCH_TIMEOUT_ENV = "NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT"
+RUN_TIMEOUT_ENV = "NEMO_GYM_GRPC_RUN_TIMEOUT"  # the bridge's --run-timeout reads it too
 STARTUP_TIMEOUT_ENV = "NEMO_GYM_GRPC_STARTUP_TIMEOUT"
 ON_ERROR_ENV = "NEMO_GYM_GRPC_ON_ERROR"
 MAX_FAILURE_FRACTION_ENV = "NEMO_GYM_GRPC_MAX_FAILURE_FRACTION"
@@ -57,6 +65,7 @@ TOKEN_ENV = "NEMO_GYM_GRPC_TOKEN"  # the bridge reads the same name (bridge/conf
 DEFAULT_HEAD_URL = "http://127.0.0.1:11000"  # NeMo Gym's DEFAULT_HEAD_SERVER_PORT
 DEFAULT_BATCH_TIMEOUT = 600.0
 DEFAULT_CONNECT_TIMEOUT = 60.0
+DEFAULT_ROLLOUT_BATCH_TIMEOUT = 10800.0  # axolotl's multi-turn total timeout
 DEFAULT_STARTUP_TIMEOUT = 60.0
 ON_ERROR_CHOICES = ("none", "zero", "raise")
 DEFAULT_ON_ERROR = "none"
@@ -135,6 +144,16 @@ def head_url() -> str:
 def batch_timeout() -> float:
     """`NEMO_GYM_GRPC_BATCH_TIMEOUT` in seconds (default 600)."""
     return env_seconds(BATCH_TIMEOUT_ENV, DEFAULT_BATCH_TIMEOUT)
+
+
+def rollout_batch_timeout() -> float:
+    """`NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT` in seconds (default 10800)."""
+    return env_seconds(ROLLOUT_BATCH_TIMEOUT_ENV, DEFAULT_ROLLOUT_BATCH_TIMEOUT)
+
+
+def run_timeout() -> float:
+    """`NEMO_GYM_GRPC_RUN_TIMEOUT` in seconds; 0.0 (the bridge's default) when unset."""
+    return env_seconds(RUN_TIMEOUT_ENV, 0.0)
 
 
 def connect_timeout() -> float:

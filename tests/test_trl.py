@@ -1,8 +1,8 @@
 """Real `trl.GRPOTrainer` steps scored by our reward functions: real NeMo Gym mcqa server, real
 bridge, real gRPC.
 
-Nothing is downloaded: the policy is a tiny Llama built from a config (its output layer zeroed:
-uniform sampling), the tokenizer a WordLevel one built here. Its vocabulary: special tokens,
+Nothing is downloaded (tests/support/tiny_trl.py): the policy is a tiny Llama built from a config
+(output layer zeroed: uniform sampling), a WordLevel tokenizer. Its vocabulary: special tokens,
 the chat template's role words, a marker per prompt ("q0", ...; TRL 1.8 logs prompts as decoded
 token ids, so the marker is what identifies a row there) and two `\\boxed{X}` answers; the
 policy may sample only the answers, "answer" and the end token, so its completions hold mcqa
@@ -51,6 +51,8 @@ datasets = _import("datasets")
 tokenizers = _import("tokenizers")
 pandas = _import("pandas")
 
+from tests.support.tiny_trl import tiny_llama, word_tokenizer  # noqa: E402 (after the checks)
+
 RIGHT, WRONG = "B", "E"  # the answer tokens the policy can sample
 ANSWERS = [f"\\boxed{{{RIGHT}}}", f"\\boxed{{{WRONG}}}", "answer"]
 MARKERS = [f"q{i}" for i in range(6)]  # one per prompt
@@ -67,43 +69,9 @@ def load_reward_func(dotted: str):
 
 
 def _tokenizer():
-    vocab = ["<pad>", "<unk>", "<s>", "</s>", "user:", "assistant:", *MARKERS, *ANSWERS]
-    model = tokenizers.models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>")
-    backend = tokenizers.Tokenizer(model)
-    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    backend.decoder = tokenizers.decoders.WordPiece()  # joins tokens with spaces
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="<pad>",
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
+    return word_tokenizer(
+        ["<pad>", "<unk>", "<s>", "</s>", "user:", "assistant:", *MARKERS, *ANSWERS]
     )
-    tokenizer.chat_template = (
-        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant: {% endif %}"
-    )
-    return tokenizer
-
-
-def _policy(tokenizer):
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.zero_()  # uniform sampling over the vocabulary at first
-    return model
 
 
 def _loader_rows(nemo_gym_venv) -> list[dict]:
@@ -201,7 +169,7 @@ def test_two_grpo_steps_score_with_nemo_gym_and_failed_items_reach_trl_as_nan(
         seed=0,
     )
     trainer = trl.GRPOTrainer(
-        model=_policy(tokenizer),
+        model=tiny_llama(tokenizer),
         processing_class=tokenizer,
         reward_funcs=[reward_func],
         train_dataset=datasets.Dataset.from_list(rows),
