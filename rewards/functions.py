@@ -37,16 +37,18 @@ def reward_env(
     Reads the `env_reward` keyword argument, one per completion: the rollout's reward, which
     `create_nemo_gym_rollout_func` returns and TRL forwards (NaN for a failed rollout, which
     stays NaN), or axolotl's NeMo Gym data producer injects. A list or tuple gives
-    `[float(r) for r in env_reward]`; a scalar is repeated
-    once per completion; missing (or None) gives 0.0 per completion. As axolotl's
+    `[float(r) for r in env_reward]`; a scalar is repeated once per completion. As axolotl's
     `reward_env`, except that a list entry of None (a rollout without a reward) stays None
-    (TRL reads it as NaN) and a list of another length than `completions` is an error; no I/O.
+    (TRL reads it as NaN), and that a missing `env_reward` or a list of another length than
+    `completions` is an error, where axolotl gave 0.0 to every completion (a training run
+    whose rollouts never reached this function would otherwise learn from zeros); no I/O.
 
     Returns:
         list[float | None], one per completion.
 
     Raises:
-        ValueError: `env_reward` is a list or tuple whose length differs from `completions`'.
+        ValueError: `env_reward` is missing or None (no rollout_func or data producer fills
+            it), or is a list or tuple whose length differs from `completions`'.
     """
     env_rewards = kwargs.get("env_reward")
     if env_rewards is not None:
@@ -57,7 +59,11 @@ def reward_env(
                 )
             return [None if r is None else float(r) for r in env_rewards]
         return [float(env_rewards) for _ in completions]
-    return [0.0 for _ in completions]
+    raise ValueError(
+        "reward_env needs the env_reward column (one reward per completion), which "
+        "create_nemo_gym_rollout_func returns or axolotl's NeMo Gym data producer adds; "
+        "it is missing, so the rollouts' rewards never reached this function"
+    )
 
 
 def reward_nemo_gym_verify(

@@ -41,12 +41,18 @@ def test_reward_env_refuses_a_list_of_another_length():
         reward_env(["a"], env_reward=[1, 2, 3])
 
 
-def test_reward_env_repeats_a_scalar_and_gives_zeros_when_missing():
+def test_reward_env_repeats_a_scalar():
     assert reward_env(["a", "b", "c"], env_reward=0.25) == [0.25, 0.25, 0.25]
-    assert reward_env(["a", "b"], prompts=["p", "q"]) == [0.0, 0.0]
-    assert reward_env(["a", "b"], env_reward=None) == [0.0, 0.0]
     assert reward_env([], env_reward=1.0) == []
     assert all(type(r) is float for r in reward_env(["a"], env_reward=1))
+
+
+def test_reward_env_refuses_a_missing_env_reward_instead_of_zeros():
+    # axolotl gave 0.0 to every completion here: a silent zero for rollouts that never arrived
+    with pytest.raises(ValueError, match="env_reward"):
+        reward_env(["a", "b"], prompts=["p", "q"])
+    with pytest.raises(ValueError, match="env_reward"):
+        reward_env(["a", "b"], env_reward=None)
 
 
 def test_public_names_are_plain_module_level_functions():

@@ -3,8 +3,9 @@
 Routes the bridge calls: `POST /verify` (`verify.py`), `POST /seed_session` and
 `POST /close_session` (`sessions.py`) on a resources server, each under 0.7's
 `/ng-rollout/<id>` prefix where the server has it; `POST /run` on an agent server (`run.py`)
-and on an environment server (`episodes.py`), plain (neither has a prefixed route); `GET /openapi.json` and `/reverify_mode` to
-learn what a server supports (`capabilities.py`); `GET /` as its liveness probe (`http.py`,
+and on an environment server (`episodes.py`), plain (neither has a prefixed route);
+`GET /openapi.json` and `/reverify_mode` to learn what a server supports
+(`capabilities.py`); `GET /` as its liveness probe (`http.py`,
 with the POST itself and its error mapping), and the head server's
 `GET /global_config_dict_yaml` (`head.py`).
 """
