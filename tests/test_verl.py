@@ -79,6 +79,10 @@ def test_verls_reward_loop_scores_exported_rows_1_right_and_0_wrong(mode, verl_d
     assert result["scores"] == expected
     assert result["rm_scores_sum"] == expected  # verl's rm_scores: the score on the last token
     assert result["extra"] == {"score": expected, "scoring_failed": [0.0] * len(items)}
+    if mode == "naive":  # verl calls compute_score once per sample
+        assert result["calls"] == [1] * len(items)
+    else:  # the samples verl has in flight together go as one call
+        assert sum(result["calls"]) == len(items) and len(result["calls"]) < len(items)
 
 
 @pytest.mark.parametrize("mode", ["naive", "manager"])

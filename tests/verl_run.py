@@ -13,7 +13,8 @@ verl does); the scores then go through verl's `assemble_rm_scores` into the `rm_
 tensor and its `reward_extra_info` arrays, as `RewardLoopManager.compute_rm_score` does (that
 class itself only adds the Ray actor pool). The output: {"scores", "rm_scores_sum" (per
 sample), "extra" (reward_extra_info arrays as lists), "seconds" (the reward loop only)} or
-{"error": "Type: message"} when the reward loop raised.
+{"error": "Type: message"} when the reward loop raised; both with "calls" (items per
+`VerifyStream` call).
 
 The tokenizer is a byte-level one built here (every byte a token, no merges), so a completion
 decodes back to exactly its text and no model is downloaded; the policy that would have
@@ -39,6 +40,22 @@ from transformers import PreTrainedTokenizerFast
 from verl import DataProto
 from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 from verl.experimental.reward_loop.reward_manager import NaiveRewardManager
+
+from nemo_gym_grpc.rewards import stacks
+
+CALLS: list[int] = []  # items per VerifyStream call
+
+
+def count_calls() -> None:
+    """Record the size of every `stacks.score_items_async` call (the adapters' one way to the
+    bridge), to show how verl's samples were batched; the call itself is unchanged."""
+    real = stacks.score_items_async
+
+    async def counted(items: Any) -> Any:
+        CALLS.append(len(items))
+        return await real(items)
+
+    stacks.score_items_async = counted  # type: ignore[assignment]
 
 
 def byte_tokenizer(folder: str) -> PreTrainedTokenizerFast:
@@ -113,6 +130,7 @@ def data_proto(tokenizer: Any, frame: pd.DataFrame, items: list[dict[str, Any]])
 
 
 async def run(spec: dict[str, Any], tokenizer_dir: str) -> dict[str, Any]:
+    count_calls()
     tokenizer = byte_tokenizer(tokenizer_dir)
     frame = pd.read_parquet(spec["parquet"])
     items = spec["items"] * int(spec.get("repeat", 1))
@@ -122,7 +140,7 @@ async def run(spec: dict[str, Any], tokenizer_dir: str) -> dict[str, Any]:
     try:
         outputs = await worker.compute_score_batch(data)
     except Exception as exc:  # the reward loop's own failure is the result
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"error": f"{type(exc).__name__}: {exc}", "calls": CALLS}
     seconds = time.perf_counter() - started
     scores = [o["reward_score"] for o in outputs]
     rm_scores = NaiveRewardManager.assemble_rm_scores(data, scores)
@@ -133,6 +151,7 @@ async def run(spec: dict[str, Any], tokenizer_dir: str) -> dict[str, Any]:
         "rm_scores_sum": rm_scores.sum(dim=-1).tolist(),
         "extra": {k: v for k, v in extra.items() if k in ("score", "scoring_failed", "acc")},
         "seconds": seconds,
+        "calls": CALLS,
     }
 
 
