@@ -74,7 +74,7 @@ async def reward(args: Any, sample: Any, **kwargs: Any) -> float:
         ScoringError: the item failed and `NEMO_GYM_GRPC_ON_ERROR` is unset or `raise`.
     """
     item = slime_item(sample)
-    outcomes = await stacks.score_items_async([item])
+    outcomes = [await stacks.score_one(item)]  # with the samples slime scores alongside
     _flag([sample], outcomes)
     return stacks.stack_rewards(outcomes, where=f"slime reward, {item.server or 'no server'}")[0]
 

@@ -19,7 +19,8 @@ GRPO-style advantages into the whole group and the loss), slime sums them into a
 
 A call of several items also has the `max_failure_fraction` guard (`policy.py`); a call of
 one item (verl's `compute_score`, slime's one-sample function) does not: there the guard would
-turn every failure into `ScoringError` and `on_error` would never apply.
+turn every failure into `ScoringError` and `on_error` would never apply. One-item calls made
+together still travel together (`score_one`, `Coalescer`), each judged on its own outcome.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import asyncio
 import json
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +149,81 @@ async def score_items_async(items: Sequence[StackItem]) -> list[Outcome]:
             security=settings.security(tls=target is not None),
         )
     return batch.outcomes(sent)
+
+
+class Coalescer:
+    """Sends the one-item calls made on one event loop within `window_seconds` of each other
+    as one `VerifyStream` call (`score_items_async`); each caller gets its own item's outcome.
+
+    verl's reward loop and slime await a one-item reward function for every sample at once
+    (512 calls for a 512-sample batch); one stream each would be slow and exceed the bridge's
+    concurrent stream limit (`--max-streams`, 256 by default: RESOURCE_EXHAUSTED). A batch is
+    also sent as soon as it holds `max_batch` items. If the call raises, or `batch_check`
+    (given the call's outcomes) does, every caller in it gets the error.
+    """
+
+    def __init__(
+        self,
+        window_seconds: float = 0.02,
+        max_batch: int = 1024,
+        batch_check: Callable[[list[Outcome]], object] | None = None,
+    ) -> None:
+        self.window_seconds = window_seconds
+        self.max_batch = max_batch
+        self.batch_check = batch_check
+        self._pending: list[tuple[StackItem, asyncio.Future[Outcome]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._sending: set[asyncio.Task[None]] = set()  # referenced until done
+
+    async def outcome(self, item: StackItem) -> Outcome:
+        """The outcome of `item`, scored with the items queued alongside it."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outcome] = loop.create_future()
+        self._pending.append((item, future))
+        if len(self._pending) >= self.max_batch:
+            self._send(loop)
+        elif self._timer is None:
+            self._timer = loop.call_later(self.window_seconds, self._send, loop)
+        return await future
+
+    def _send(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        waiters, self._pending = self._pending, []
+        if waiters:
+            task = loop.create_task(self._score(waiters))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _score(self, waiters: list[tuple[StackItem, asyncio.Future[Outcome]]]) -> None:
+        try:
+            outcomes = await score_items_async([item for item, _ in waiters])
+            if self.batch_check is not None:
+                self.batch_check(outcomes)
+        except Exception as exc:  # every item of the call gets the call's error
+            for _, future in waiters:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, future), outcome in zip(waiters, outcomes, strict=True):
+            if not future.done():
+                future.set_result(outcome)
+
+
+_coalescers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Coalescer] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def score_one(item: StackItem) -> Outcome:
+    """The outcome of one item, sent with the other one-item calls on this event loop
+    (`Coalescer`). Raises what `score_items_async` raises."""
+    loop = asyncio.get_running_loop()
+    coalescer = _coalescers.get(loop)
+    if coalescer is None:
+        coalescer = _coalescers[loop] = Coalescer()
+    return await coalescer.outcome(item)
 
 
 def stack_on_error() -> str:

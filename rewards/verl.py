@@ -5,9 +5,10 @@ verl config (Hydra overrides; verl 0.9.1):
     reward.custom_reward_function.path=pkg://nemo_gym_grpc.rewards.verl
     reward.custom_reward_function.name=compute_score
 
-verl's reward loop calls it once per sample (`NaiveRewardManager.run_single`, awaited since it
-is a coroutine function), so each sample is one `VerifyStream` call. For one call per batch use
-the reward manager of `verl_manager.py` instead, which calls the same `score_one`.
+verl's reward loop calls it once per sample, for all samples at once
+(`NaiveRewardManager.run_single`, awaited since it is a coroutine function); the samples
+awaited together go to the bridge as one `VerifyStream` call (`stacks.score_one`), each judged
+alone. `verl_manager.py`'s reward manager does the same with a batch failure guard.
 
 Data mapping (what `nemo-gym-grpc export --format verl` writes): `extra_info` carries
 `resources_server` (the resources server name) and `nemo_gym_row` (the NeMo Gym row as JSON
@@ -87,5 +88,5 @@ async def compute_score(
         ValueError: `extra_info["nemo_gym_row"]` is not JSON, or an env var is invalid.
     """
     item = verl_item(data_source, solution_str, extra_info)
-    outcomes = await stacks.score_items_async([item])
-    return verl_results(outcomes, where=f"verl compute_score, {item.server or 'no server'}")[0]
+    outcome = await stacks.score_one(item)
+    return verl_results([outcome], where=f"verl compute_score, {item.server or 'no server'}")[0]

@@ -4,18 +4,26 @@ test_openrlhf.py, test_export.py): exported example data and the answers that sc
 export_examples(venv, out_dir, fmt) -> {server: path}  # `nemo-gym-grpc export`, in process
 answers(server, row) -> (right, wrong)                 # completions scoring 1.0 and 0.0
 SlimeSample                                            # the slime Sample fields read
+run_verl(spec, target) -> tests/verl_run.py's JSON      # verl's reward loop, build/verl-venv
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nemo_gym_grpc.bridge.cli import main as cli_main
 from tests.support import resources_server_dir
 
+ROOT = Path(__file__).resolve().parents[1]
+VERL_PYTHON = ROOT / "build" / "verl-venv" / "bin" / "python"  # `make dev` builds it
+DRIVER = Path(__file__).with_name("verl_run.py")
 # NeMo Gym's shipped example data that scores 1.0 / 0.0 on right / wrong text answers.
 SERVERS = ("mcqa", "equivalence_rule")
 SUFFIX = {"verl": "parquet", "slime": "jsonl", "openrlhf": "jsonl"}
@@ -55,3 +63,25 @@ class SlimeSample:
     response: str
     label: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def run_verl(spec: dict[str, Any], target: str, on_error: str | None = None) -> dict[str, Any]:
+    """tests/verl_run.py in build/verl-venv with `spec`; its JSON output."""
+    if not VERL_PYTHON.exists():
+        pytest.fail(f"{VERL_PYTHON} missing: `make dev` builds it (verl 0.9.1)", pytrace=False)
+    spec_path = Path(spec["parquet"]).with_name(f"spec-{os.getpid()}.json")
+    spec_path.write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if k != "NEMO_GYM_GRPC_ON_ERROR"}
+    env.update(NEMO_GYM_GRPC_TARGET=target, RAY_USAGE_STATS_ENABLED="0")
+    if on_error:
+        env["NEMO_GYM_GRPC_ON_ERROR"] = on_error
+    done = subprocess.run(
+        [str(VERL_PYTHON), str(DRIVER), str(spec_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result

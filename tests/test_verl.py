@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +15,7 @@ import pandas as pd
 import pytest
 
 from nemo_gym_grpc.rewards import ScoringError, verl
-from tests.stacks_common import answers, export_examples
-
-ROOT = Path(__file__).resolve().parents[1]
-VERL_PYTHON = ROOT / "build" / "verl-venv" / "bin" / "python"
-DRIVER = Path(__file__).with_name("verl_run.py")
+from tests.stacks_common import answers, export_examples, run_verl
 
 
 @pytest.fixture(scope="module")
@@ -48,28 +42,6 @@ def verl_data(nemo_gym_venv, tmp_path_factory) -> tuple[Path, list[dict[str, Any
     return path, items
 
 
-def run_verl(spec: dict[str, Any], target: str, on_error: str | None = None) -> dict[str, Any]:
-    """tests/verl_run.py in build/verl-venv with `spec`; its JSON output."""
-    if not VERL_PYTHON.exists():
-        pytest.fail(f"{VERL_PYTHON} missing: `make dev` builds it (verl 0.9.1)", pytrace=False)
-    spec_path = Path(spec["parquet"]).with_name(f"spec-{os.getpid()}.json")
-    spec_path.write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if k != "NEMO_GYM_GRPC_ON_ERROR"}
-    env.update(NEMO_GYM_GRPC_TARGET=target, RAY_USAGE_STATS_ENABLED="0")
-    if on_error:
-        env["NEMO_GYM_GRPC_ON_ERROR"] = on_error
-    done = subprocess.run(
-        [str(VERL_PYTHON), str(DRIVER), str(spec_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    return result
-
-
 @pytest.mark.parametrize("mode", ["naive", "manager"])
 def test_verls_reward_loop_scores_exported_rows_1_right_and_0_wrong(mode, verl_data, bridge_target):
     path, items = verl_data
@@ -79,10 +51,8 @@ def test_verls_reward_loop_scores_exported_rows_1_right_and_0_wrong(mode, verl_d
     assert result["scores"] == expected
     assert result["rm_scores_sum"] == expected  # verl's rm_scores: the score on the last token
     assert result["extra"] == {"score": expected, "scoring_failed": [0.0] * len(items)}
-    if mode == "naive":  # verl calls compute_score once per sample
-        assert result["calls"] == [1] * len(items)
-    else:  # the samples verl has in flight together go as one call
-        assert sum(result["calls"]) == len(items) and len(result["calls"]) < len(items)
+    # verl awaits every sample at once; those go to the bridge together, not one call each
+    assert sum(result["calls"]) == len(items) and len(result["calls"]) < len(items)
 
 
 @pytest.mark.parametrize("mode", ["naive", "manager"])
