@@ -9,6 +9,7 @@ PY := $(VENV_BIN)/python
 DEV := .venv/.installed
 VERL_VENV := build/verl-venv
 VERL := $(VERL_VENV)/.installed
+OPENRLHF_PKG := build/openrlhf-pkg
 # `make demo` installs only the package (its runtime dependencies; no dev tools, no torch/TRL),
 # marked by its own file, so a later `make dev`/`make test` still installs everything.
 DEMO_DEPS := .venv/.demo
@@ -43,10 +44,14 @@ $(DEV): pyproject.toml
 
 # tests/test_verl.py runs verl 0.9.1 in a venv of its own (pyproject group test-verl, torch
 # pinned): verl requires transformers<5.11, the TRL tests >=5.14, so they cannot share .venv.
+# tests/test_openrlhf.py runs OpenRLHF's reward caller there too, from openrlhf installed
+# without its dependencies into $(OPENRLHF_PKG) (openrlhf needs flash-attn, which builds only
+# with CUDA; the reward caller needs only what verl brings).
 $(VERL): pyproject.toml
 	test -x $(VERL_VENV)/bin/python || python3 -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VERL_VENV)/bin/python -m pip install -q -e . --group test-verl
+	$(VERL_VENV)/bin/python -m pip install -q --no-deps --target $(OPENRLHF_PKG) openrlhf==0.11.2
 	touch $@
 
 proto: $(DEV)

@@ -21,6 +21,7 @@ and a malformed request 400.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -140,7 +141,8 @@ async def _get_reward(request: web.Request) -> web.Response:
     except ValueError as exc:  # json.JSONDecodeError is a ValueError too
         return web.json_response({"error": str(exc)}, status=400)
     try:
-        outcomes = await stacks.score_items_async(items)
+        # OpenRLHF sends one sample per request, many at once: those go to the bridge together
+        outcomes = list(await asyncio.gather(*(stacks.score_one(item) for item in items)))
         result = openrlhf_result(outcomes, where=f"openrlhf-rm, {len(items)} items")
     except (ScoringError, ValueError, TypeError, RuntimeError) as exc:
         log.error("openrlhf-rm: %s", exc)

@@ -5,6 +5,7 @@ export_examples(venv, out_dir, fmt) -> {server: path}  # `nemo-gym-grpc export`,
 answers(server, row) -> (right, wrong)                 # completions scoring 1.0 and 0.0
 SlimeSample                                            # the slime Sample fields read
 run_verl(spec, target) -> tests/verl_run.py's JSON      # verl's reward loop, build/verl-venv
+run_driver("openrlhf_run.py", spec, target)            # OpenRLHF's reward caller, the same
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from tests.support import resources_server_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 VERL_PYTHON = ROOT / "build" / "verl-venv" / "bin" / "python"  # `make dev` builds it
-DRIVER = Path(__file__).with_name("verl_run.py")
+TESTS = Path(__file__).resolve().parent
 # NeMo Gym's shipped example data that scores 1.0 / 0.0 on right / wrong text answers.
 SERVERS = ("mcqa", "equivalence_rule")
 SUFFIX = {"verl": "parquet", "slime": "jsonl", "openrlhf": "jsonl"}
@@ -65,23 +67,34 @@ class SlimeSample:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def run_verl(spec: dict[str, Any], target: str, on_error: str | None = None) -> dict[str, Any]:
-    """tests/verl_run.py in build/verl-venv with `spec`; its JSON output."""
+def run_driver(
+    script: str, spec: dict[str, Any], target: str, on_error: str | None = None
+) -> dict[str, Any]:
+    """tests/<script> run by build/verl-venv's Python with `spec` (written to a temporary
+    file), pointed at the bridge `target`; the JSON object it prints last."""
     if not VERL_PYTHON.exists():
         pytest.fail(f"{VERL_PYTHON} missing: `make dev` builds it (verl 0.9.1)", pytrace=False)
-    spec_path = Path(spec["parquet"]).with_name(f"spec-{os.getpid()}.json")
-    spec_path.write_text(json.dumps(spec))
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec_file:
+        json.dump(spec, spec_file)
     env = {k: v for k, v in os.environ.items() if k != "NEMO_GYM_GRPC_ON_ERROR"}
     env.update(NEMO_GYM_GRPC_TARGET=target, RAY_USAGE_STATS_ENABLED="0")
     if on_error:
         env["NEMO_GYM_GRPC_ON_ERROR"] = on_error
-    done = subprocess.run(
-        [str(VERL_PYTHON), str(DRIVER), str(spec_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    try:
+        done = subprocess.run(
+            [str(VERL_PYTHON), str(TESTS / script), spec_file.name],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.unlink(spec_file.name)
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return result
+
+
+def run_verl(spec: dict[str, Any], target: str, on_error: str | None = None) -> dict[str, Any]:
+    """tests/verl_run.py (verl's own reward loop) with `spec`; its JSON output."""
+    return run_driver("verl_run.py", spec, target, on_error)

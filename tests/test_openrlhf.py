@@ -1,8 +1,9 @@
 """OpenRLHF's two `--remote_rm_url` forms through a real bridge and real NeMo Gym resources
 servers: the `reward_func` file hook, and the HTTP contract served by
-`nemo-gym-grpc openrlhf-rm` (a real process, called with `requests` as OpenRLHF's
-`remote_rm_utils.request_api_wrapper` does). OpenRLHF itself does not install here
-(openrlhf 0.11.2 needs flash-attn 2.8.3, which builds only with CUDA): docs/stacks.md."""
+`nemo-gym-grpc openrlhf-rm` (a real process). Both are driven by OpenRLHF 0.11.2's own reward
+caller, `SingleTurnAgentExecutor` (tests/openrlhf_run.py, in build/verl-venv: openrlhf itself
+does not install here, since it needs flash-attn 2.8.3, which builds only with CUDA; its
+package is installed without dependencies for this), and called directly."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 import requests
 
 from nemo_gym_grpc.rewards import ScoringError, openrlhf
-from tests.stacks_common import answers
+from tests.stacks_common import answers, run_driver
 from tests.support import free_ports
 from tests.support.items import mcqa_row
 from tests.support.waiting import wait_until
@@ -135,3 +136,33 @@ async def test_the_http_app_on_error_none_sends_nan_that_pythons_json_reads(via_
     rewards = reply.json()["rewards"]
     assert rewards[0] == 1.0 and math.isnan(rewards[1])
     assert reply.json()["extra_logs"] == {"scoring_failed": [0.0, 1.0]}
+
+
+@pytest.fixture
+def reward_func_file(tmp_path):
+    """The `.py` file an OpenRLHF user passes as --remote_rm_url."""
+    path = tmp_path / "reward_func.py"
+    path.write_text("from nemo_gym_grpc.rewards.openrlhf import reward_func  # noqa: F401\n")
+    return str(path)
+
+
+def _executor_items(*items: tuple[bool, str]) -> list[dict[str, str]]:
+    queries, prompts, labels = _call(*items)
+    return [
+        {"prompt": p, "completion": q[len(p) :], "label": label}
+        for q, p, label in zip(queries, prompts, labels, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("form", ["reward_func file", "openrlhf-rm HTTP"])
+def test_openrlhfs_own_reward_caller_gets_nemo_gym_rewards(form, reward_func_file, sidecar,
+                                                          bridge_target):  # fmt: skip
+    url = reward_func_file if form == "reward_func file" else sidecar
+    items = _executor_items((True, "mcqa"), (False, "mcqa"), (True, "mcqa"), (True, "nope"))
+    result = run_driver("openrlhf_run.py", {"remote_rm_url": url, "items": items}, bridge_target)
+    outputs = result["outputs"]
+    # one sample per reward call, as OpenRLHF 0.11.2 does; rewards come back as 1-item lists
+    assert [o["reward"] for o in outputs[:3]] == [[1.0], [0.0], [1.0]]
+    assert [o["extra_logs"] for o in outputs[:3]] == [{"scoring_failed": [0.0]}] * 3
+    # a failed item raises (or answers 500); OpenRLHF logs that and leaves the reward None
+    assert outputs[3] == {"reward": None, "scores": None, "extra_logs": {}}
