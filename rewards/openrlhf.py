@@ -1,15 +1,19 @@
 """OpenRLHF: `reward_func` and the remote reward HTTP contract, scoring with NeMo Gym `/verify`.
 
-OpenRLHF takes `--remote_rm_url` either as a `.py` file defining
-`reward_func(queries, prompts, labels, **kwargs)` or as an HTTP URL it POSTs
+OpenRLHF takes `--reward.remote_url` (`--remote_rm_url` before 0.10) either as a `.py` file
+defining `reward_func(queries, prompts, labels, **kwargs)` or as an HTTP URL it POSTs
 `{"query": [...], "prompts": [...], "labels": [...]}` to, reading `{"rewards": [...],
-"scores": [...], "extra_logs": {...}}` back (`openrlhf/utils/remote_rm_utils.py`; a failed
-request is retried 5 times, 1 s apart, then the step raises). Both are served here:
+"scores": [...], "extra_logs": {...}}` back. OpenRLHF 0.11.2's caller
+(`openrlhf/utils/agent.py`, `SingleTurnAgentExecutor`) sends one sample per call, many at
+once (the file's function in a thread each); it retries a failed HTTP request 5 times, 1 s
+apart, and when the call still fails it logs that at INFO and leaves the sample's reward None.
+Both forms are served here:
 
 - a file: `reward_func.py` holding `from nemo_gym_grpc.rewards.openrlhf import reward_func`,
-  then `--remote_rm_url /path/to/reward_func.py --label_key label`;
+  then `--reward.remote_url /path/to/reward_func.py --data.label_key label`;
 - HTTP: `nemo-gym-grpc openrlhf-rm --port 5000` (`app`), then
-  `--remote_rm_url http://127.0.0.1:5000/get_reward --label_key label`.
+  `--reward.remote_url http://127.0.0.1:5000/get_reward --data.label_key label`; concurrent
+  requests' items go to the bridge together (`stacks.score_one`).
 
 Data mapping (`nemo-gym-grpc export --format openrlhf`): each label is JSON text
 `{"resources_server": ..., "nemo_gym_row": {...}}` (OpenRLHF passes labels as strings); the
@@ -98,7 +102,7 @@ def reward_func(
     Args:
         queries: prompt + response text, one per item.
         prompts: the prompt text, one per item.
-        labels: the `--label_key` column, one JSON label per item (module docstring).
+        labels: the `--data.label_key` column, one JSON label per item (module docstring).
         **kwargs: OpenRLHF's other arguments, ignored.
 
     Returns:
@@ -135,7 +139,7 @@ async def _get_reward(request: web.Request) -> web.Response:
             raise ValueError('"query" and "prompts" must be lists (one per item)')
         if not isinstance(labels, list):
             raise ValueError(
-                '"labels" must be a list of JSON labels (start OpenRLHF with --label_key)'
+                '"labels" must be a list of JSON labels (start OpenRLHF with --data.label_key)'
             )
         items = openrlhf_items(queries, prompts, labels)
     except ValueError as exc:  # json.JSONDecodeError is a ValueError too

@@ -113,7 +113,7 @@ def test_the_http_sidecar_answers_500_for_a_failed_item_and_400_for_a_bad_reques
     queries, prompts, _ = _call((True, "mcqa"))
     reply = requests.post(sidecar, json={"query": queries, "prompts": prompts}, timeout=60)
     assert reply.status_code == 400
-    assert "--label_key" in reply.json()["error"]
+    assert "--data.label_key" in reply.json()["error"]
     assert requests.post(sidecar, data=b"{not json", timeout=60).status_code == 400
 
 
