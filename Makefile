@@ -7,6 +7,9 @@ VENV_BIN := $(CURDIR)/.venv/bin
 export PATH := $(VENV_BIN):$(PATH)
 PY := $(VENV_BIN)/python
 DEV := .venv/.installed
+VERL_VENV := build/verl-venv
+VERL := $(VERL_VENV)/.installed
+OPENRLHF_PKG := build/openrlhf-pkg
 # `make demo` installs only the package (its runtime dependencies; no dev tools, no torch/TRL),
 # marked by its own file, so a later `make dev`/`make test` still installs everything.
 DEMO_DEPS := .venv/.demo
@@ -20,7 +23,8 @@ PROTOS = proto/nemo_gym_grpc/v1/verify.proto proto/nemo_gym_grpc/v1/rollout.prot
 OUT ?= proto
 
 help:
-	@echo "make dev          create .venv with the package and its dev tools"
+	@echo "make dev          create .venv with the package and its dev tools, and"
+	@echo "                  build/verl-venv with verl 0.9.1 (tests/test_verl.py)"
 	@echo "make demo         score NeMo Gym example rows through the bridge (real servers);"
 	@echo "                  installs only the package, no dev tools or torch"
 	@echo "make test         the whole test suite on real NeMo Gym 0.7.0 servers, then its"
@@ -31,12 +35,24 @@ help:
 	@echo "make proto-check  fail if the committed generated code is stale"
 	@echo "make lint         ruff, buf lint and mypy (make typecheck: mypy alone)"
 
-dev: $(DEV)
+dev: $(DEV) $(VERL)
 
 $(DEV): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]' --group test-trl
+	touch $@
+
+# tests/test_verl.py runs verl 0.9.1 in a venv of its own (pyproject group test-verl, torch
+# pinned): verl requires transformers<5.11, the TRL tests >=5.14, so they cannot share .venv.
+# tests/test_openrlhf.py runs OpenRLHF's reward caller there too, from openrlhf installed
+# without its dependencies into $(OPENRLHF_PKG) (openrlhf needs flash-attn, which builds only
+# with CUDA; the reward caller needs only what verl brings).
+$(VERL): pyproject.toml
+	test -x $(VERL_VENV)/bin/python || python3 -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VERL_VENV)/bin/python -m pip install -q -e . --group test-verl
+	$(VERL_VENV)/bin/python -m pip install -q --no-deps --target $(OPENRLHF_PKG) openrlhf==0.11.2
 	touch $@
 
 proto: $(DEV)
@@ -71,7 +87,7 @@ typecheck: $(DEV)
 
 # The whole suite on NeMo Gym 0.7.0, then the `compat` subset on 0.4.0 (tests/conftest.py
 # COMPAT_MODULES); each phase prints its time. PYTEST_ARGS passes options to both.
-test: $(DEV)
+test: $(DEV) $(VERL)
 	@t=$$(date +%s); NEMO_GYM_VERSION=0.7.0 $(PY) -m pytest $(PYTEST_ARGS) && \
 	  echo "make test: NeMo Gym 0.7.0, whole suite: $$(( $$(date +%s) - t )) s"
 	@t=$$(date +%s); NEMO_GYM_VERSION=0.4.0 $(PY) -m pytest -m compat $(PYTEST_ARGS) && \

@@ -1,5 +1,5 @@
-"""Command line: `nemo-gym-grpc serve ...` (also `python -m nemo_gym_grpc.bridge serve ...`)
-and `nemo-gym-grpc score ...`.
+"""Command line: `nemo-gym-grpc serve ...` (also `python -m nemo_gym_grpc.bridge serve ...`),
+`nemo-gym-grpc score ...`, `nemo-gym-grpc export ...` and `nemo-gym-grpc openrlhf-rm ...`.
 
 `serve`'s flags are generated from `BridgeConfig`'s fields and `PROCESS_FLAGS`; each falls back
 to an environment variable (`flags.py`). `score` runs on the trainer side: its parser lives here,
@@ -103,6 +103,32 @@ def _add_score_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _add_stack_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`export` (`rewards/export.py`) and `openrlhf-rm` (`rewards/openrlhf.py`): trainer side."""
+    cmd = commands.add_parser(
+        "export",
+        help="write a NeMo Gym dataset JSONL as verl (parquet), slime or OpenRLHF (JSONL) data",
+        description="`nemo-gym-grpc export ROWS.jsonl -o OUT --format verl|slime|openrlhf`: "
+        "each record carries the NeMo Gym row and its resources server for the adapters in "
+        "nemo_gym_grpc.rewards (docs/stacks.md).",
+    )
+    cmd.add_argument("rows", type=Path, help="input JSONL: NeMo Gym dataset rows")
+    cmd.add_argument("-o", "--output", type=Path, required=True, help="output file")
+    cmd.add_argument("--format", required=True, choices=("verl", "slime", "openrlhf"))
+    cmd.add_argument(
+        "--server", metavar="NAME", help="resources server for rows without resources_server_ref"
+    )
+    rm = commands.add_parser(
+        "openrlhf-rm",
+        help="serve OpenRLHF's remote reward HTTP contract (--remote_rm_url) through the bridge",
+        description="POST /get_reward {query, prompts, labels} -> {rewards, scores, extra_logs}. "
+        f"Bridge: env {TARGET_ENV}, else an embedded bridge discovering servers from "
+        f"{HEAD_URL_ENV}.",
+    )
+    rm.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    rm.add_argument("--port", type=positive_int, default=5000, help="listen port (default 5000)")
+
+
 def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The `nemo-gym-grpc` parser and its `serve` subparser."""
     parser = argparse.ArgumentParser(prog="nemo-gym-grpc", description=__doc__.split("\n\n")[0])
@@ -116,6 +142,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     add_flags(serve_cmd.add_argument_group("bridge"), BridgeConfig.flags())
     add_flags(serve_cmd.add_argument_group("process"), PROCESS_FLAGS)
     _add_score_command(commands)
+    _add_stack_commands(commands)
     return parser, serve_cmd
 
 
@@ -148,12 +175,22 @@ def _setup_logging(level: str, form: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `nemo-gym-grpc` console script. Returns the exit status: 0 done,
     1 the bridge could not start or failed (one line on stderr), 2 bad arguments; `score`
-    returns what `run_score` returns."""
+    returns what `run_score` returns, `export` what `run_export` returns."""
     args = parse_args(argv)
     if args.command == "score":
         from nemo_gym_grpc.rewards.score import run_score  # the trainer side, only for score
 
         return run_score(args)
+    if args.command == "export":
+        from nemo_gym_grpc.rewards.export import run_export
+
+        return run_export(args)
+    if args.command == "openrlhf-rm":
+        from nemo_gym_grpc.rewards.openrlhf import serve
+
+        _setup_logging("INFO", "text")
+        serve(args.host, args.port)
+        return 0
     _setup_logging(args.log_level, args.log_format)
     config = BridgeConfig.from_args(args)
     if args.max_item_mb > args.max_message_mb:

@@ -1,0 +1,174 @@
+"""`nemo-gym-grpc export`: a NeMo Gym dataset JSONL as verl, slime or OpenRLHF training data.
+
+Each output record carries the whole NeMo Gym row and its resources server name where that
+stack's adapter reads them (`stacks.SERVER_KEY`, `stacks.ROW_KEY`), the prompt as chat
+messages (from the row's `responses_create_params`: `instructions` as a system message, then
+each `input` message; a plain-text `input` is one user message) and the row's
+`expected_answer` (as text, "" without one) as the stack's label:
+
+- verl (parquet, verl's RLHFDataset columns): `data_source` = server, `prompt` = messages,
+  `ability` = "nemo_gym", `reward_model` = {"style": "rule", "ground_truth": answer},
+  `extra_info` = {"index", "resources_server", "nemo_gym_row": the row as JSON text}
+  (text, so rows of different shapes fit one parquet schema).
+- slime (JSONL): `prompt` = messages, `label` = answer,
+  `metadata` = {"resources_server", "nemo_gym_row": the row}.
+- openrlhf (JSONL): `prompt` = messages,
+  `label` = JSON text {"resources_server", "nemo_gym_row": the row}.
+
+The server of a row is its `resources_server_ref.name`, else `--server`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from nemo_gym_grpc.rewards import convert
+from nemo_gym_grpc.rewards.stacks import ROW_KEY, SERVER_KEY
+
+FORMATS = ("verl", "slime", "openrlhf")
+ABILITY = "nemo_gym"
+
+
+def prompt_messages(row: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The row's prompt as `{"role", "content"}` messages (text only; see module docstring).
+    Input items without a `role` (e.g. earlier function calls) are left out."""
+    params = row.get("responses_create_params") or {}
+    messages = []
+    instructions = params.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        messages.append({"role": "system", "content": instructions})
+    given = params.get("input")
+    if isinstance(given, str):
+        return [*messages, {"role": "user", "content": given}]
+    for message in given or []:
+        if isinstance(message, Mapping) and isinstance(message.get("role"), str):
+            text = convert.content_text(message.get("content"))
+            messages.append({"role": message["role"], "content": text})
+    return messages
+
+
+def label(row: Mapping[str, Any]) -> str:
+    """The row's `expected_answer` as text ("" if it has none; JSON for a non-string)."""
+    answer = row.get("expected_answer")
+    if answer is None:
+        return ""
+    return answer if isinstance(answer, str) else json.dumps(answer)
+
+
+def server_of(row: Mapping[str, Any], default: str | None, line: int) -> str:
+    """The row's `resources_server_ref.name`, else `default`.
+
+    Raises:
+        ValueError: neither is set (the message names the input `line`).
+    """
+    ref = row.get("resources_server_ref")
+    name = convert.resources_server_name(ref) or default
+    if not name:
+        raise ValueError(f"line {line}: no resources_server_ref.name; pass --server NAME")
+    return name
+
+
+def verl_record(row: Mapping[str, Any], server: str, index: int) -> dict[str, Any]:
+    """One verl parquet record (module docstring)."""
+    return {
+        "data_source": server,
+        "prompt": prompt_messages(row),
+        "ability": ABILITY,
+        "reward_model": {"style": "rule", "ground_truth": label(row)},
+        "extra_info": {"index": index, SERVER_KEY: server, ROW_KEY: json.dumps(row)},
+    }
+
+
+def slime_record(row: Mapping[str, Any], server: str, index: int) -> dict[str, Any]:
+    """One slime JSONL record (module docstring)."""
+    return {
+        "prompt": prompt_messages(row),
+        "label": label(row),
+        "metadata": {SERVER_KEY: server, ROW_KEY: dict(row)},
+    }
+
+
+def openrlhf_record(row: Mapping[str, Any], server: str, index: int) -> dict[str, Any]:
+    """One OpenRLHF JSONL record (module docstring)."""
+    return {
+        "prompt": prompt_messages(row),
+        "label": json.dumps({SERVER_KEY: server, ROW_KEY: dict(row)}),
+    }
+
+
+RECORDS: dict[str, Callable[[Mapping[str, Any], str, int], dict[str, Any]]] = {
+    "verl": verl_record,
+    "slime": slime_record,
+    "openrlhf": openrlhf_record,
+}
+
+
+def read_rows(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
+    """(line number, row) for each non-blank line of a NeMo Gym JSONL file.
+
+    Raises:
+        ValueError: a line is not a JSON object (the message names it).
+    """
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{number}: not a JSON object")
+            yield number, row
+
+
+def export_rows(
+    rows: Iterable[tuple[int, Mapping[str, Any]]], fmt: str, server: str | None
+) -> list[dict[str, Any]]:
+    """The `fmt` records of `rows` ((line, row) pairs), in order; `index` counts from 0.
+
+    Raises:
+        ValueError: unknown `fmt`, or a row without a server and no `server` default.
+    """
+    if fmt not in RECORDS:
+        raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    make = RECORDS[fmt]
+    return [make(row, server_of(row, server, line), i) for i, (line, row) in enumerate(rows)]
+
+
+def write_records(records: list[dict[str, Any]], path: Path, fmt: str) -> None:
+    """Write verl records as parquet (needs pyarrow, which verl installs), others as JSONL.
+
+    Raises:
+        RuntimeError: verl format without pyarrow installed.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "verl":
+        try:
+            import pyarrow as pa  # type: ignore[import-untyped]
+            import pyarrow.parquet as pq  # type: ignore[import-untyped]
+        except ImportError:
+            raise RuntimeError("--format verl writes parquet: pip install pyarrow") from None
+        pq.write_table(pa.Table.from_pylist(records), path)
+        return
+    with path.open("w", encoding="utf-8") as out:
+        for record in records:
+            out.write(json.dumps(record) + "\n")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Run `nemo-gym-grpc export` (`args`: rows, output, format, server). Returns 0, or 1
+    with one line on stderr for unreadable input or a row without a server."""
+    try:
+        records = export_rows(read_rows(args.rows), args.format, args.server)
+        write_records(records, args.output, args.format)
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"nemo-gym-grpc export: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(records)} {args.format} records to {args.output}", file=sys.stderr)
+    return 0
