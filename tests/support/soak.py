@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import random
 import signal
@@ -372,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--plot", action="store_true", help="also write soak.png (matplotlib)")
     args = parser.parse_args(argv)
+    # the reward functions warn once per call with a failed item: thousands of lines here
+    logging.getLogger("nemo_gym_grpc").setLevel(logging.ERROR)
     config = SoakConfig(duration=args.duration)
     if args.min_items is not None:
         config.min_items = args.min_items

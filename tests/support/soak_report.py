@@ -134,15 +134,20 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     rows = summary["series"]
     t = [r["t"] for r in rows]
 
-    def rate(key: str) -> list[float]:
-        out = [0.0]
-        for a, b in zip(rows, rows[1:], strict=False):
-            out.append((b[key] - a[key]) / max(b["t"] - a["t"], 1e-9))
+    def rate(key: str, window: float = 5.0) -> list[float]:
+        """Per-second rate of a running total, averaged over the last `window` s."""
+        out = []
+        for k, row in enumerate(rows):
+            j = k
+            while j > 0 and row["t"] - rows[j - 1]["t"] <= window:
+                j -= 1
+            span = row["t"] - rows[j]["t"]
+            out.append((row[key] - rows[j][key]) / span if span > 0 else 0.0)
         return out
 
     fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     axes[0].plot(t, rate("resolved"))
-    axes[0].set_ylabel("items resolved / s")
+    axes[0].set_ylabel("items resolved / s (5 s mean)")
     axes[1].plot(t, [r["rss"] / 2**20 if r["rss"] else float("nan") for r in rows])
     axes[1].set_ylabel("bridge RSS (MB)")
     axes[2].plot(t, rate("failures"), label="typed failures / s")
@@ -151,8 +156,9 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     axes[2].legend()
     axes[2].set_xlabel("seconds")
     for when, what in summary["events"]:
-        for ax in axes:
-            ax.axvline(when, color="red" if "bridge" in what else "grey", alpha=0.3)
+        if what.startswith("SIGKILL") or what == "bridge SIGTERM":
+            for ax in axes:
+                ax.axvline(when, color="red" if "bridge" in what else "grey", alpha=0.3)
     fig.suptitle(
         f"soak: {summary['resolved']} items in {summary['seconds']} s, {summary['lost']} lost"
     )
