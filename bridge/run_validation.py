@@ -9,12 +9,10 @@ import json
 import math
 from dataclasses import dataclass
 
-from google.rpc import code_pb2
-
 from nemo_gym_grpc.bridge import errors, nemo_gym
 from nemo_gym_grpc.bridge.nemo_gym import episodes
 from nemo_gym_grpc.bridge.upstreams import ENVIRONMENT
-from nemo_gym_grpc.bridge.validation import encode, json_object
+from nemo_gym_grpc.bridge.validation import check_size, encode, json_object
 from nemo_gym_grpc.v1 import rollout_pb2
 
 # The RunRequest fields that carry JSON text.
@@ -48,15 +46,7 @@ def check_run(request: rollout_pb2.RunRequest, *, max_item_bytes: int) -> None:
             `max_item_bytes` (`RunRequest.ByteSize()`); INVALID_ARGUMENT / INVALID_ITEM for
             an empty `request_id` or `agent`, or a negative or non-finite `timeout_seconds`.
     """
-    size = request.ByteSize()
-    if size > max_item_bytes:
-        raise errors.ItemError(
-            code_pb2.INVALID_ARGUMENT,
-            errors.ITEM_TOO_LARGE,
-            f"item is {size} bytes; the bridge accepts items of at most {max_item_bytes} bytes",
-            itemBytes=size,
-            maxItemBytes=max_item_bytes,
-        )
+    check_size(request, max_item_bytes)
     if not request.request_id:
         raise errors.invalid_item("request_id is empty", field="request_id")
     if not request.agent:

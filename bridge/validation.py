@@ -10,6 +10,7 @@ import math
 from collections.abc import Container, Iterable
 from typing import Any
 
+from google.protobuf.message import Message
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors, nemo_gym
@@ -39,15 +40,7 @@ def check_item(
             or holds a lone surrogate (a `"\\ud800"` escape: UTF-8 cannot encode it, and a
             NeMo Gym server answers such a body with HTTP 500).
     """
-    size = request.ByteSize()
-    if size > max_item_bytes:
-        raise errors.ItemError(
-            code_pb2.INVALID_ARGUMENT,
-            errors.ITEM_TOO_LARGE,
-            f"item is {size} bytes; the bridge accepts items of at most {max_item_bytes} bytes",
-            itemBytes=size,
-            maxItemBytes=max_item_bytes,
-        )
+    check_size(request, max_item_bytes)
     if not request.request_id:  # always, so the outcome cannot depend on other items
         raise errors.invalid_item("request_id is empty", field="request_id")
     if not request.resources_server:
@@ -69,6 +62,20 @@ def check_item(
     if request.seed_session or request.resources_server in session_servers:
         return payload, nemo_gym.seed_body(body)  # a part of what encoded above
     return payload, None
+
+
+def check_size(request: Message, max_item_bytes: int) -> None:
+    """Raise errors.ItemError INVALID_ARGUMENT / ITEM_TOO_LARGE when the item's serialized
+    size (`ByteSize()`, bytes) is over `max_item_bytes`."""
+    size = request.ByteSize()
+    if size > max_item_bytes:
+        raise errors.ItemError(
+            code_pb2.INVALID_ARGUMENT,
+            errors.ITEM_TOO_LARGE,
+            f"item is {size} bytes; the bridge accepts items of at most {max_item_bytes} bytes",
+            itemBytes=size,
+            maxItemBytes=max_item_bytes,
+        )
 
 
 def encode(body: dict[str, Any], parsed: Iterable[tuple[str, dict[str, Any] | None]]) -> bytes:
