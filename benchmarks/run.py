@@ -1,12 +1,14 @@
 """`make bench`: the benchmarks of issue 4 in one process tree.
 
     python benchmarks/run.py [--out benchmarks/results] [--only 1,3] [--rounds 3] [--quick]
+    python benchmarks/run.py --scaling 1,2,4,8   # scenario 4 alone, for these --workers
 
 Scenarios: 1 real NeMo Gym mcqa (seed loop vs aiohttp fan-out vs bridge), 2 latency-bound
-upstream (20 ms, 500 ms), 3 16,384 items in flight, 4 bridge capacity (--workers 1 and 2),
-5 added latency at concurrency 1. Writes results.json, results.md and one PNG per scenario
-to --out, and prints the markdown. Every server it starts (ng_run, scripted upstreams,
-bridges) listens on 127.0.0.1 and is stopped by its recorded PID.
+upstream (20 ms, 500 ms), 3 16,384 items in flight, 4 bridge capacity (--workers 1 and 2,
+or the --scaling list; beside it the direct aiohttp fan-out's CPU per request, issue 13's
+yardstick), 5 added latency at concurrency 1. Writes results.json, results.md and one PNG
+per scenario to --out, and prints the markdown. Every server it starts (ng_run, scripted
+upstreams, bridges) listens on 127.0.0.1 and is stopped by its recorded PID.
 """
 
 from __future__ import annotations
@@ -66,8 +68,17 @@ def main() -> int:
         action="store_true",
         help="also py-spy the bridge in one extra run of scenarios 3 and 4 (profile_*.txt)",
     )
+    parser.add_argument(
+        "--scaling",
+        help="run scenario 4 (capacity) alone for these comma-separated --workers counts",
+    )
     args = parser.parse_args()
     settings = QUICK if args.quick else scenarios.Settings()
+    if args.scaling:
+        settings.workers = tuple(int(x) for x in args.scaling.split(",") if x.strip())
+        # SO_REUSEPORT spreads connections, not items: 4+ per worker keeps the shares even.
+        settings.capacity_streams = max(settings.capacity_streams, 4 * max(settings.workers))
+        args.only = "4"
     if args.rounds:
         settings.rounds = settings.mcqa_rounds = args.rounds
     if args.profile:

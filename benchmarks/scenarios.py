@@ -254,9 +254,22 @@ def _capacity_round(
     }
 
 
+def _direct_cpu_us(verify_url: str, items: list[Item], concurrency: int) -> float:
+    """CPU microseconds per request of (b), the direct aiohttp fan-out (stock asyncio, this
+    process, the same items and upstream as the bridge): the yardstick of goal 1."""
+    cpu0 = time.process_time()
+    rewards = clients.fanout(verify_url, items, concurrency)
+    cpu = time.process_time() - cpu0
+    if wrong := _mismatches(rewards, items):
+        raise RuntimeError(f"direct fan-out: {wrong} wrong rewards")
+    return round(cpu / len(items) * 1e6, 1)
+
+
 def capacity(s: Settings, rows: list[dict], log: Log) -> dict:
     """Scenario 4: bridge throughput and CPU per item against a zero-latency upstream, with
-    `serve --workers W` for each W, over `capacity_streams` connections."""
+    `serve --workers W` for each W, over `capacity_streams` connections; beside each round,
+    the direct aiohttp fan-out's CPU per request on the same upstream and items (the two
+    swap order every other round), and the bridge's CPU per item over it."""
     items = clients.make_items(rows, s.capacity_items, scripted=True)
     requests_ = clients.grpc_requests(items, "cap")
     out = {}
@@ -267,16 +280,26 @@ def capacity(s: Settings, rows: list[dict], log: Log) -> dict:
             args = ("--server", f"mcqa={up.url}", "--workers", str(workers))
             with start_bridge(*args) as bridge:
                 clients.stream_run(bridge.target, requests_[:2000], streams=s.capacity_streams)
+                verify_url = up.url + "/verify"
+                clients.fanout(verify_url, items[:2000], s.concurrency)  # warm-up
                 for index in range(s.rounds):
+                    if index % 2:
+                        direct = _direct_cpu_us(verify_url, items, s.concurrency)
                     row = _capacity_round(
                         bridge.target, bridge.pid, up.pid, requests_, s.capacity_streams
                     )
+                    if not index % 2:
+                        direct = _direct_cpu_us(verify_url, items, s.concurrency)
+                    row["direct_cpu_us_per_request"] = direct
+                    row["bridge_over_direct_cpu"] = round(row["bridge_cpu_us_per_item"] / direct, 3)
                     log(
                         f"  round {index + 1}: {row['items_per_s']:.0f} items/s, bridge "
                         f"{row['bridge_cpu_us_per_item']:.0f} us CPU/item (by process "
                         f"{row['bridge_cpu_s_by_process']} s), upstream "
                         f"{row['upstream_cpu_us_per_item']:.0f} us, client "
-                        f"{row['client_cpu_us_per_item']:.0f} us, {row['failed']} failed"
+                        f"{row['client_cpu_us_per_item']:.0f} us, {row['failed']} failed; "
+                        f"direct fan-out {direct:.0f} us CPU/request, bridge/direct "
+                        f"{row['bridge_over_direct_cpu']:.2f}"
                     )
                     rounds.append(row)
                 if s.profile_dir:
@@ -288,13 +311,17 @@ def capacity(s: Settings, rows: list[dict], log: Log) -> dict:
             "bridge_cpu_us_per_item",
             "upstream_cpu_us_per_item",
             "client_cpu_us_per_item",
+            "direct_cpu_us_per_request",
+            "bridge_over_direct_cpu",
         )
+        ratios = [r["bridge_over_direct_cpu"] for r in rounds]
         out[f"workers_{workers}"] = {
             "workers": workers,
             "items": len(items),
             "streams": s.capacity_streams,
             "rounds": rounds,
             "median": {key: median([r[key] for r in rounds]) for key in keys},
+            "bridge_over_direct_cpu_range": [min(ratios), max(ratios)],
         }
     return out
 
