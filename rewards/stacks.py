@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_gym_grpc.rewards import client, convert, embedded, policy, settings
-from nemo_gym_grpc.rewards.outcomes import Failure, Outcome
+from nemo_gym_grpc.rewards.outcomes import INVALID_ITEM, Failure, Outcome
 
 # `model` written into the Responses object the bridge builds from each completion.
 MODEL = "nemo-gym-grpc"
@@ -53,9 +53,10 @@ class StackItem:
         server: resources server name ("" fails the item with INVALID_ARGUMENT).
         completion: the model's answer text.
         row: the NeMo Gym dataset row (its own `responses_create_params`, `expected_answer`,
-            ...), or None.
+            ...). None or empty fails the item (INVALID_ARGUMENT / INVALID_ITEM, not sent):
+            without its row a resources server scores against nothing, e.g. mcqa gives 0.0.
         prompt: plain text or a list of `{"role", "content"}` messages, or None; used by the
-            bridge only for an item without a row.
+            bridge only for a row without `responses_create_params`.
     """
 
     server: str
@@ -94,7 +95,7 @@ def _json_object(text: str, where: str) -> dict[str, Any]:
 
 
 def _batch(items: Sequence[StackItem]) -> convert.Batch:
-    return convert.build_batch(
+    batch = convert.build_batch(
         [item.completion for item in items],
         [item.prompt for item in items],
         [{"name": item.server} for item in items],
@@ -103,6 +104,21 @@ def _batch(items: Sequence[StackItem]) -> convert.Batch:
         timeout_seconds=0.0,  # the bridge's --verify-timeout
         batch_id=uuid.uuid4().hex[:16],
     )
+    rowless = [index for index, item in enumerate(items) if not item.row]
+    if rowless:
+        unsent = {batch.request_id(index) for index in rowless}
+        batch.requests[:] = [r for r in batch.requests if r.request_id not in unsent]
+        for index in rowless:
+            batch.rejected.setdefault(
+                index,
+                Failure(
+                    "INVALID_ARGUMENT",
+                    INVALID_ITEM,
+                    f"item {index} has no NeMo Gym row (`{ROW_KEY}`, where `nemo-gym-grpc "
+                    "export` puts it): its resources server would score it against nothing",
+                ),
+            )
+    return batch
 
 
 def _spec() -> embedded.BridgeSpec:

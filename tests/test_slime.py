@@ -79,3 +79,18 @@ async def test_metadata_may_be_json_text_and_a_sample_without_a_server_fails_alo
 def test_metadata_text_that_is_not_a_json_object_is_an_error():
     with pytest.raises(ValueError, match="sample.metadata is not JSON"):
         slime.slime_item(SlimeSample(prompt="Q", response="A", metadata="{nope"))  # type: ignore[arg-type]
+
+
+async def test_a_sample_without_its_nemo_gym_row_fails_instead_of_scoring_0(via_bridge):
+    # mcqa would score a row-less item 0.0 (no expected answer): a silent zero
+    rowless = SlimeSample(prompt="Q?", response="\\boxed{B}", metadata={"resources_server": "mcqa"})
+    with pytest.raises(ScoringError, match="1 of 1 items failed") as caught:
+        await slime.reward(None, rowless)
+    assert caught.value.causes == {"INVALID_ARGUMENT (INVALID_ITEM)": 1}
+    via_bridge.setenv("NEMO_GYM_GRPC_ON_ERROR", "zero")
+    empty = SlimeSample(
+        prompt="Q?", response="A", metadata={"resources_server": "mcqa", "nemo_gym_row": {}}
+    )
+    assert await slime.group_reward(None, [_sample(), empty]) == [1.0, 0.0]
+    assert empty.metadata["scoring_failed"] == 1.0
+    assert empty.metadata["scoring_failure"] == "INVALID_ARGUMENT (INVALID_ITEM)"
