@@ -144,14 +144,18 @@ class _Settings:
     run_timeout: float
 
 
-def _settings(target: str | None, timeout: float | None, run_timeout: float | None) -> _Settings:
+def _settings(
+    target: str | None, batch_timeout: float | None, run_timeout: float | None
+) -> _Settings:
     target = target or settings.target()
     return _Settings(
         target=target,
         # TLS applies to a configured target; an embedded bridge is plaintext on loopback
         security=settings.security(tls=target is not None),
         timeout=settings.resolve(
-            None if timeout is None else settings.check_seconds(timeout, "timeout"),
+            None
+            if batch_timeout is None
+            else settings.check_seconds(batch_timeout, "batch_timeout"),
             settings.rollout_batch_timeout,
         ),
         connect_timeout=settings.connect_timeout(),
@@ -171,7 +175,7 @@ def run_rollouts(
     *,
     agent: str | None = None,
     target: str | None = None,
-    timeout: float | None = None,
+    batch_timeout: float | None = None,
     run_timeout: float | None = None,
     prompts: Sequence[Any] | None = None,
     responses_create_params: Mapping[str, Any] | None = None,
@@ -185,7 +189,7 @@ def run_rollouts(
             `agent_ref.name`.
         target: keyword: the bridge's gRPC target; default `NEMO_GYM_GRPC_TARGET`, and if
             that is unset an embedded bridge over the head server (`NEMO_GYM_HEAD_URL`).
-        timeout: keyword: gRPC deadline of the whole call, seconds (default
+        batch_timeout: keyword: gRPC deadline of the whole call, seconds (default
             `NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT`, 10800). Rollouts unfinished by then fail
             with DEADLINE_EXCEEDED (`whole_call`); nothing waits longer.
         run_timeout: keyword: seconds per rollout's `/run` (default
@@ -204,7 +208,7 @@ def run_rollouts(
         RuntimeError: the embedded bridge could not be started.
         outcomes.ProtocolError: the bridge's results do not match the rollouts sent.
     """
-    config = _settings(target, timeout, run_timeout)
+    config = _settings(target, batch_timeout, run_timeout)
     batch = build_requests(
         rows,
         agent=agent,
@@ -232,7 +236,7 @@ async def arun_rollouts(
     *,
     agent: str | None = None,
     target: str | None = None,
-    timeout: float | None = None,
+    batch_timeout: float | None = None,
     run_timeout: float | None = None,
     prompts: Sequence[Any] | None = None,
     responses_create_params: Mapping[str, Any] | None = None,
@@ -241,7 +245,7 @@ async def arun_rollouts(
     """`run_rollouts` as a coroutine (grpc.aio on a channel of its own; an embedded bridge
     is started in a worker thread). Cancelling it cancels the `RunStream`, and the bridge
     closes the agents' `/run` requests. Arguments, outcomes and errors: as `run_rollouts`."""
-    config = _settings(target, timeout, run_timeout)
+    config = _settings(target, batch_timeout, run_timeout)
     batch = build_requests(
         rows,
         agent=agent,

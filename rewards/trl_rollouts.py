@@ -282,7 +282,7 @@ def create_nemo_gym_rollout_func(
             batch_rows,
             agent=agent,
             target=target,
-            timeout=batch_timeout,
+            batch_timeout=batch_timeout,
             run_timeout=run_timeout,
             prompts=prompts,
             responses_create_params=sampling,

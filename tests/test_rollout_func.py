@@ -188,7 +188,7 @@ def test_a_bridge_that_is_not_there_fails_every_rollout_of_the_call_within_its_d
     monkeypatch.setenv("NEMO_GYM_GRPC_CONNECT_TIMEOUT", "0.5")
     target = f"127.0.0.1:{_closed_port()}"
     began = time.monotonic()
-    outcomes = run_rollouts([_row(), _row(), {}], agent="a", target=target, timeout=5)
+    outcomes = run_rollouts([_row(), _row(), {}], agent="a", target=target, batch_timeout=5)
     waited = time.monotonic() - began
     assert [o.code for o in outcomes] == ["UNAVAILABLE", "UNAVAILABLE", "UNAVAILABLE"]  # type: ignore[union-attr]
     assert all(isinstance(o, Failure) and o.whole_call for o in outcomes)

@@ -97,7 +97,7 @@ def test_rows_come_back_as_the_agents_rollouts_with_rewards_and_token_ids(
     agent_stack, nemo_gym_venv, rollout_target
 ):
     rows = weather_rows(nemo_gym_venv)
-    outcomes = run_rollouts(rows, target=rollout_target, timeout=300)
+    outcomes = run_rollouts(rows, target=rollout_target, batch_timeout=300)
     assert len(outcomes) == len(rows)
     for row, outcome in zip(rows, outcomes, strict=True):
         assert isinstance(outcome, rollout_pb2.RunResponse), outcome
@@ -117,8 +117,8 @@ def test_rows_come_back_as_the_agents_rollouts_with_rewards_and_token_ids(
 
 def test_the_async_client_gives_the_same_rollouts(agent_stack, nemo_gym_venv, rollout_target):
     rows = weather_rows(nemo_gym_venv)[:2]
-    sync = run_rollouts(rows, target=rollout_target, timeout=300)
-    asynchronous = asyncio.run(arun_rollouts(rows, target=rollout_target, timeout=300))
+    sync = run_rollouts(rows, target=rollout_target, batch_timeout=300)
+    asynchronous = asyncio.run(arun_rollouts(rows, target=rollout_target, batch_timeout=300))
     for a, b in zip(sync, asynchronous, strict=True):
         assert isinstance(a, rollout_pb2.RunResponse) and isinstance(b, rollout_pb2.RunResponse)
         assert (a.rollout.reward, _turns(a.rollout)) == (b.rollout.reward, _turns(b.rollout))
@@ -135,7 +135,7 @@ def test_each_row_gets_its_own_outcome_and_failures_are_typed(
         masked_row(nemo_gym_venv),  # the judge is down: NeMo Gym masks the sample
         {k: v for k, v in weather.items() if k != "agent_ref"},  # no agent at all
     ]
-    outcomes = run_rollouts(rows, target=rollout_target, timeout=300)
+    outcomes = run_rollouts(rows, target=rollout_target, batch_timeout=300)
     ok, down, unknown, masked, no_agent = outcomes
     assert isinstance(ok, rollout_pb2.RunResponse) and ok.rollout.reward == 1.0
     for failure, code in [
@@ -166,7 +166,7 @@ def test_a_rollout_past_its_time_limit_fails_alone_with_deadline_exceeded(
     rows = weather_rows(nemo_gym_venv)[:1]
     agent_stack.policy.knobs.delay = 3.0
     try:
-        (outcome,) = run_rollouts(rows, target=rollout_target, timeout=60, run_timeout=1.0)
+        (outcome,) = run_rollouts(rows, target=rollout_target, batch_timeout=60, run_timeout=1.0)
     finally:
         agent_stack.policy.reset()
     assert isinstance(outcome, Failure), outcome
@@ -179,7 +179,7 @@ def test_a_call_past_its_deadline_ends_every_rollout_in_it_with_deadline_exceede
     rows = weather_rows(nemo_gym_venv)[:3]
     agent_stack.policy.knobs.delay = 5.0
     try:
-        outcomes = run_rollouts(rows, target=rollout_target, timeout=2.0)
+        outcomes = run_rollouts(rows, target=rollout_target, batch_timeout=2.0)
     finally:
         agent_stack.policy.reset()
     # each one: the bridge cuts every /run to the call's deadline (less 50 ms), so the
@@ -195,7 +195,7 @@ def test_agent_down_and_unknown_agent_fail_their_rollouts_alone(start_bridge):
         {"responses_create_params": {"input": "hi"}},
         {"agent_ref": {"name": "no_such_agent"}, "responses_create_params": {"input": "hi"}},
     ]
-    down, unknown = run_rollouts(rows, agent=DOWN_AGENT, target=bridge.target, timeout=60)
+    down, unknown = run_rollouts(rows, agent=DOWN_AGENT, target=bridge.target, batch_timeout=60)
     assert isinstance(down, Failure) and isinstance(unknown, Failure)
     assert (down.code, down.reason, down.whole_call) == (
         "UNAVAILABLE",
@@ -214,11 +214,13 @@ def test_the_token_setting_reaches_the_rollout_call(start_bridge, monkeypatch):
     )
     rows = [{"responses_create_params": {"input": "hi"}}]
     monkeypatch.delenv(settings.TOKEN_ENV, raising=False)
-    (refused,) = run_rollouts(rows, agent=DOWN_AGENT, target=bridge.target, timeout=60)
+    (refused,) = run_rollouts(rows, agent=DOWN_AGENT, target=bridge.target, batch_timeout=60)
     assert isinstance(refused, Failure)
     assert (refused.code, refused.whole_call) == ("UNAUTHENTICATED", True)
     monkeypatch.setenv(settings.TOKEN_ENV, token)
-    (ran,) = asyncio.run(arun_rollouts(rows, agent=DOWN_AGENT, target=bridge.target, timeout=60))
+    (ran,) = asyncio.run(
+        arun_rollouts(rows, agent=DOWN_AGENT, target=bridge.target, batch_timeout=60)
+    )
     assert isinstance(ran, Failure) and ran.code == "UNAVAILABLE"  # it reached the agent
 
 
@@ -227,7 +229,7 @@ def test_a_row_runs_as_an_episode_of_an_environment_server(
 ):
     """NeMo Gym 0.7's single_agent_turn runs the row as a typed episode over the same agent."""
     (row, *_) = example_rows(WEATHER_RESOURCES, nemo_gym_venv)
-    (outcome,) = run_rollouts([row], agent=EPISODE_SERVER, target=rollout_target, timeout=300)
+    (outcome,) = run_rollouts([row], agent=EPISODE_SERVER, target=rollout_target, batch_timeout=300)
     if not agent_stack.environment_urls:  # NeMo Gym 0.4: no environment servers to route to
         assert isinstance(outcome, Failure) and outcome.code == "NOT_FOUND"
         return
