@@ -354,7 +354,7 @@ def run_soak(config: SoakConfig, log: Callable[[str], None] = print) -> dict[str
                     server.proc.send_signal(signal.SIGKILL)
                     server.proc.wait(timeout=10)
         if chaos.log.exists():
-            ledger.note(f"restarted servers' log: {chaos.log}")
+            log(f"soak: the restarted servers' log is {chaos.log}")
         return soak_report.summarize(
             asdict(config),
             ledger,
