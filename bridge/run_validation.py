@@ -5,12 +5,11 @@ rollout's INVALID_ARGUMENT alone. Size and JSON rules are those of `validation.c
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
 from nemo_gym_grpc.bridge import errors, nemo_gym
-from nemo_gym_grpc.bridge.nemo_gym import episodes
+from nemo_gym_grpc.bridge.nemo_gym import codec, episodes
 from nemo_gym_grpc.bridge.upstreams import ENVIRONMENT
 from nemo_gym_grpc.bridge.validation import check_size, encode, json_object
 from nemo_gym_grpc.v1 import rollout_pb2
@@ -34,8 +33,7 @@ class Checked:
         `episodes.episode_body` builds it, around the encoded `task_input`."""
         head = episodes.episode_body(rollout_id, attempt, self.taskset, self.task_id, {})
         head["task"]["task_input"] = None  # the last key: its text ends the body
-        text = json.dumps(head, ensure_ascii=False).encode("utf-8")
-        return text[: -len(b"null}}")] + self.payload + b"}}"
+        return codec.dumps(head)[: -len(b"null}}")] + self.payload + b"}}"
 
 
 def check_run(request: rollout_pb2.RunRequest, *, max_item_bytes: int) -> None:

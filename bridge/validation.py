@@ -14,6 +14,7 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors, nemo_gym
+from nemo_gym_grpc.bridge.nemo_gym import codec
 from nemo_gym_grpc.v1 import verify_pb2
 
 # The VerifyRequest fields that carry JSON text.
@@ -79,15 +80,18 @@ def check_size(request: Message, max_item_bytes: int) -> None:
 
 
 def encode(body: dict[str, Any], parsed: Iterable[tuple[str, dict[str, Any] | None]]) -> bytes:
-    """`body` as UTF-8 JSON; `parsed` is the item's (field name, parsed JSON object or None)
-    that went into it, to name the field at fault.
+    """`body` as compact UTF-8 JSON (`codec.dumps`); `parsed` is the item's (field name,
+    parsed JSON object or None) that went into it (`json_object`), to tell whether it may
+    hold NaN/Infinity and to name the field at fault.
 
     Raises:
         errors.ItemError: INVALID_ARGUMENT / INVALID_ITEM when it holds a lone surrogate,
             NaN/Infinity, or nests too deep.
     """
+    parsed = list(parsed)
+    exact = not any(isinstance(value, codec.StdlibParsed) for _, value in parsed)
     try:
-        return json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        return codec.dumps(body, exact=exact)
     except UnicodeEncodeError:
         found = (f for f, value in parsed if value is not None and _has_lone_surrogate(value))
         field = next(found, "item")
@@ -103,8 +107,15 @@ def encode(body: dict[str, Any], parsed: Iterable[tuple[str, dict[str, Any] | No
 
 
 def json_object(text: str, field: str) -> dict[str, Any]:
+    """The JSON object in the item's field `field` (`codec.loads`: the standard library's
+    rules and texts).
+
+    Raises:
+        errors.ItemError: INVALID_ARGUMENT / INVALID_ITEM (metadata `field`) when `text` is
+            not JSON, nests too deep, or is not an object.
+    """
     try:
-        value = json.loads(text)
+        value = codec.loads(text)
     except (ValueError, RecursionError) as exc:
         raise errors.invalid_item(f"{field} is not valid JSON: {exc}", field=field) from None
     if not isinstance(value, dict):

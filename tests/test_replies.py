@@ -126,7 +126,7 @@ def test_timeout_seconds_bounds_each_upstream_call_not_the_whole_item(start_brid
     """A session item whose `/seed_session` and `/verify` take 0.6 s each scores with
     `timeout_seconds=1` (1.2 s in all); a `/seed_session` of 1.6 s fails alone, after 1 s."""
     proxy.set_faults(
-        Fault("status", match='"response": {', body=b'{"reward": 1.0}', seconds=0.6),
+        Fault("status", match='"response":{', body=b'{"reward": 1.0}', seconds=0.6),
         Fault("status", match='"slow-seed"', body=b"{}", seconds=1.6),
         Fault("status", body=b"{}", seconds=0.6),  # /seed_session
     )

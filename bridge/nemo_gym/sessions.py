@@ -12,7 +12,6 @@ the cookies its own `/seed_session` reply set, and an item without a session sen
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping
@@ -23,6 +22,7 @@ from typing import Any
 import aiohttp
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.nemo_gym import codec
 from nemo_gym_grpc.bridge.nemo_gym.http import post
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def seed_body(verify_body: Mapping[str, Any]) -> bytes:
     """The UTF-8 JSON body of `/seed_session` for an item: its `/verify` body without
     `response` (the row's fields and `responses_create_params`)."""
     row = {key: value for key, value in verify_body.items() if key != "response"}
-    return json.dumps(row, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return codec.dumps(row)  # a part of a body that encoded: no NaN, no lone surrogate
 
 
 def cookie_header(cookies: Mapping[str, Morsel[str]]) -> str:
@@ -87,15 +87,13 @@ def typed_seed_body(opened: Opened, taskset: str, task_id: str, legacy: bytes) -
         "episode_id": opened.episode,
         "task_id": {"taskset": taskset, "task_id": task_id or opened.session_id},
     }
-    text = json.dumps(head, ensure_ascii=False, allow_nan=False).encode("utf-8")
-    return text[:-1] + b', "task_data": ' + legacy + b"}"
+    return codec.dumps(head)[:-1] + b',"task_data":' + legacy + b"}"
 
 
 def close_body(session_id: str, episode: Mapping[str, Any]) -> bytes:
     """The UTF-8 JSON body of `ResourcesCloseSessionRequest{resources_session_id,
     episode_id}`."""
-    body = {"resources_session_id": session_id, "episode_id": episode}
-    return json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return codec.dumps({"resources_session_id": session_id, "episode_id": episode})
 
 
 def open_session(rollout_id: str, attempt: int) -> Opened:

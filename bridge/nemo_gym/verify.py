@@ -19,6 +19,7 @@ from typing import Any
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.nemo_gym import codec
 from nemo_gym_grpc.v1 import verify_pb2
 
 VERIFY_PATH = "/verify"
@@ -216,7 +217,7 @@ def parse_reply(raw: bytes, url: str) -> dict[str, Any]:
         errors.ItemError: INTERNAL / UPSTREAM_BAD_REPLY when it is not JSON or not an object.
     """
     try:
-        reply = json.loads(raw)
+        reply = codec.loads(raw)
     except (ValueError, RecursionError):
         raise bad_reply(url, f"reply is not JSON: {raw[:200]!r}") from None
     if not isinstance(reply, dict):

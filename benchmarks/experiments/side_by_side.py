@@ -1,0 +1,136 @@
+"""Two bridges (two interpreters: e.g. main's checkout and this branch) and the direct aiohttp
+fan-out against one zero-work upstream, in a rotated order every round: CPU per item,
+items/s, and ratios taken within each round (docs/performance.md's method).
+
+    .venv/bin/python benchmarks/experiments/side_by_side.py \\
+        --bridge main=/work/main/.venv/bin/python --bridge swap=.venv/bin/python --rounds 5
+
+Each bridge is `<python> -m nemo_gym_grpc.bridge serve --workers 1 --server mcqa=<upstream>`,
+started and stopped by PID; its CPU is read with psutil around each run of `--items` items
+over `--streams` VerifyStreams. The fan-out runs in this process (stock asyncio, C = 256).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]
+
+import clients  # noqa: E402
+import procs  # noqa: E402
+
+
+def start(python: str, upstream: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """A bridge on a free port: (process, "host:port", its temporary folder)."""
+    tmp = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_sbs_"))
+    ready = tmp / "ready"
+    command = [python, "-m", "nemo_gym_grpc.bridge", "serve", "--listen", "127.0.0.1:0"]
+    command += ["--ready-file", str(ready), "--workers", "1", "--server", f"mcqa={upstream}"]
+    with open(tmp / "stderr.log", "wb") as err:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    deadline = time.monotonic() + 60
+    while not (ready.exists() and ready.read_text().endswith("\n")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            procs.stop_pid(proc)
+            raise RuntimeError(f"bridge {python} did not start: {tmp / 'stderr.log'}")
+        time.sleep(0.05)
+    return proc, ready.read_text().strip(), tmp
+
+
+def run_bridge(target: str, pid: int, requests_: list, streams: int) -> dict:
+    before = procs.cpu_mark(pid).seconds
+    run = clients.stream_run(target, requests_, streams=streams)
+    cpu = procs.cpu_mark(pid).seconds - before
+    if run.failed or run.received != len(requests_):
+        raise RuntimeError(f"{target}: {run.failed} failed, {run.received} results")
+    return {"cpu_us": cpu / len(requests_) * 1e6, "items_per_s": len(requests_) / run.wall}
+
+
+def run_direct(verify_url: str, items: list) -> dict:
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    clients.fanout(verify_url, items, 256)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    return {"cpu_us": cpu / len(items) * 1e6, "items_per_s": len(items) / wall}
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    return (
+        f"{round(statistics.median(values), digits)} "
+        f"({round(min(values), digits)}-{round(max(values), digits)})"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bridge", action="append", required=True, help="NAME=PYTHON")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--items", type=int, default=12000)
+    parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--out", type=Path, help="write every round as JSON here")
+    args = parser.parse_args()
+    from tests.support import example_rows
+
+    items = clients.make_items(example_rows("mcqa"), args.items, scripted=True)
+    requests_ = clients.grpc_requests(items, "sbs")
+    names = [spec.split("=", 1)[0] for spec in args.bridge]
+    rounds: list[dict[str, dict]] = []
+    with procs.Upstream(0.0) as up:
+        started = [start(spec.split("=", 1)[1], up.url) for spec in args.bridge]
+        try:
+            for (_, target, _), _name in zip(started, names, strict=True):  # warm-up
+                clients.stream_run(target, requests_[:2000], streams=args.streams)
+            clients.fanout(up.url + "/verify", items[:2000], 256)
+            order = [*names, "direct"]
+            for index in range(args.rounds):
+                shift = index % len(order)
+                row: dict[str, dict] = {}
+                for name in order[shift:] + order[:shift]:
+                    if name == "direct":
+                        row[name] = run_direct(up.url + "/verify", items)
+                    else:
+                        proc, target, _ = started[names.index(name)]
+                        row[name] = run_bridge(target, proc.pid, requests_, args.streams)
+                row["loadavg"] = {"1min": os.getloadavg()[0]}
+                rounds.append(row)
+                print(
+                    f"round {index + 1}: "
+                    + ", ".join(
+                        f"{n} {row[n]['cpu_us']:.0f} us/item {row[n]['items_per_s']:.0f}/s"
+                        for n in order
+                    )
+                    + f", load {row['loadavg']['1min']:.1f}",
+                    flush=True,
+                )
+        finally:
+            for proc, _, _ in started:
+                procs.stop_pid(proc)
+    base = names[0]
+    print(f"\nmedians (min-max) over {args.rounds} rounds of {args.items} items:")
+    for name in [*names, "direct"]:
+        cpu = [r[name]["cpu_us"] for r in rounds]
+        ips = [r[name]["items_per_s"] for r in rounds]
+        line = f"  {name}: CPU/item {spread(cpu, 0)} us, items/s {spread(ips, 0)}"
+        if name != "direct":
+            over = [r[name]["cpu_us"] / r["direct"]["cpu_us"] for r in rounds]
+            line += f", bridge/direct CPU {spread(over)}"
+        if name not in (base, "direct"):
+            less = [r[base]["cpu_us"] / r[name]["cpu_us"] for r in rounds]
+            more = [r[name]["items_per_s"] / r[base]["items_per_s"] for r in rounds]
+            line += f", {base}/{name} CPU {spread(less)}, {name}/{base} items/s {spread(more)}"
+        print(line)
+    if args.out:
+        args.out.write_text(json.dumps(rounds, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
