@@ -27,17 +27,16 @@ import psutil
 HERE = Path(__file__).resolve().parent
 
 
-class Upstream:
-    """A running `benchmarks/upstream.py` (fixed-latency `/verify`) on a free loopback port."""
+class _Script:
+    """A running `benchmarks/<script>` that writes "host:port" to its --ready-file once it
+    listens on a free loopback port (`address`)."""
 
-    def __init__(self, latency: float, timeout: float = 15.0) -> None:
-        self.latency = latency
-        self._tmp = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_bench_up_"))
+    def __init__(self, script: str, args: list[str], timeout: float = 15.0) -> None:
+        self._tmp = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_bench_"))
         ready = self._tmp / "ready"
         with open(self._tmp / "stderr.log", "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, str(HERE / "upstream.py"), "--latency", repr(latency)]
-                + ["--ready-file", str(ready)],
+                [sys.executable, str(HERE / script), *args, "--ready-file", str(ready)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
@@ -47,11 +46,11 @@ class Upstream:
         while not (ready.exists() and ready.read_text().endswith("\n")):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"upstream did not start: {self._tmp / 'stderr.log'}")
+                raise RuntimeError(f"{script} did not start: {self._tmp / 'stderr.log'}")
             time.sleep(0.02)
-        self.url = f"http://{ready.read_text().strip()}"
+        self.address = ready.read_text().strip()
 
-    def __enter__(self) -> Upstream:
+    def __enter__(self) -> _Script:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -61,6 +60,28 @@ class Upstream:
         """SIGTERM by PID, wait, SIGKILL if it is still there; remove its temporary folder."""
         stop_pid(self.proc)
         shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+class Upstream(_Script):
+    """A running `benchmarks/upstream.py` (fixed-latency `/verify`) at `url`."""
+
+    def __init__(self, latency: float, timeout: float = 15.0) -> None:
+        self.latency = latency
+        super().__init__("upstream.py", ["--latency", repr(latency)], timeout)
+        self.url = f"http://{self.address}"
+
+    def __enter__(self) -> Upstream:
+        return self
+
+
+class Floor(_Script):
+    """A running `benchmarks/floor.py` (a no-op VerifyService) at gRPC target `address`."""
+
+    def __init__(self, timeout: float = 15.0) -> None:
+        super().__init__("floor.py", [], timeout)
+
+    def __enter__(self) -> Floor:
+        return self
 
 
 def stop_pid(proc: subprocess.Popen, timeout: float = 10.0) -> None:

@@ -334,19 +334,23 @@ def _percentiles(values: Sequence[float]) -> list[float]:
 def added_latency(s: Settings, rows: list[dict], log: Log) -> dict:
     """Scenario 5: per-item latency at concurrency 1 against a zero-latency upstream:
     direct HTTP, unary Verify through the bridge, one-item VerifyStream (the reward
-    functions' client) through the bridge."""
+    functions' client) through the bridge; and the same two gRPC clients against a no-op
+    grpc.aio servicer (`floor.py`: gRPC's own round trip, the floor under what the bridge
+    adds)."""
     item = clients.make_items(rows, 1, scripted=True)[0]
     request = clients.grpc_requests([item], "probe")[0]
     count = s.probe_items
     log(f"scenario 5: added latency at concurrency 1, {count} calls per path")
     rounds = []
-    with procs.Upstream(0.0) as up:
+    with procs.Upstream(0.0) as up, procs.Floor() as floor:
         with start_bridge("--server", f"mcqa={up.url}") as bridge:
             url = up.url + "/verify"
             paths = {
                 "direct": lambda: clients.direct_latencies(url, item, count),
                 "unary": lambda: clients.unary_latencies(bridge.target, request, count),
                 "stream1": lambda: clients.stream1_latencies(bridge.target, request, count),
+                "floor_unary": lambda: clients.unary_latencies(floor.address, request, count),
+                "floor_stream1": lambda: clients.stream1_latencies(floor.address, request, count),
             }
             for path in paths.values():
                 path()  # warm-up
@@ -362,12 +366,17 @@ def added_latency(s: Settings, rows: list[dict], log: Log) -> dict:
                         row[f"{name}_added_{p}_ms"] = round(
                             row[f"{name}_{p}_ms"] - row[f"direct_{p}_ms"], 4
                         )
+                    # What the bridge adds beyond gRPC's own round trip and the HTTP call.
+                    row[f"{name}_over_floor_p50_ms"] = round(
+                        row[f"{name}_added_p50_ms"] - row[f"floor_{name}_p50_ms"], 4
+                    )
                 log(
                     f"  round {index + 1}: p50 direct {row['direct_p50_ms']:.3f} ms, unary "
                     f"{row['unary_p50_ms']:.3f} ms (+{row['unary_added_p50_ms']:.3f}), "
                     f"stream {row['stream1_p50_ms']:.3f} ms (+{row['stream1_added_p50_ms']:.3f}); "
-                    f"p99 direct {row['direct_p99_ms']:.3f}, unary {row['unary_p99_ms']:.3f}, "
-                    f"stream {row['stream1_p99_ms']:.3f} ms"
+                    f"no-op servicer: unary {row['floor_unary_p50_ms']:.3f}, stream "
+                    f"{row['floor_stream1_p50_ms']:.3f} ms; p99 direct {row['direct_p99_ms']:.3f}, "
+                    f"unary {row['unary_p99_ms']:.3f}, stream {row['stream1_p99_ms']:.3f} ms"
                 )
                 rounds.append(row)
     keys = [k for k in rounds[0] if not k.endswith("percentiles_ms")]

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
 
 # Seconds a replica that refused a connection is passed over while another one is available.
 REFUSED_COOLDOWN = 5.0
@@ -47,22 +46,37 @@ class Replica:
         """Record a refused connection: pass this replica over for REFUSED_COOLDOWN s."""
         self.refused_until = time.monotonic() + REFUSED_COOLDOWN
 
-    @asynccontextmanager
-    async def use(self) -> AsyncIterator[float]:
-        """Hold one of this replica's slots for the body; yields the seconds spent waiting for
-        it. The counters are restored however the body (or the wait) ends."""
+    def use(self) -> _Slot:
+        """`async with replica.use() as queued:` holds one of this replica's slots for the
+        body; `queued` is the seconds spent waiting for it. The counters are restored however
+        the body (or the wait) ends."""
+        return _Slot(self)
+
+
+class _Slot:
+    """The async context manager of `Replica.use` (a class, not `asynccontextmanager`: this
+    runs once per upstream call, and the generator-based form costs about 4 us more)."""
+
+    __slots__ = ("_replica",)
+
+    def __init__(self, replica: Replica) -> None:
+        self._replica = replica
+
+    async def __aenter__(self) -> float:
+        replica = self._replica
         queued_at = time.monotonic()
-        self.waiting += 1
+        replica.waiting += 1
         try:
-            await self._slots.acquire()
+            await replica._slots.acquire()
         finally:
-            self.waiting -= 1
-        self.in_flight += 1
-        try:
-            yield time.monotonic() - queued_at
-        finally:
-            self.in_flight -= 1
-            self._slots.release()
+            replica.waiting -= 1
+        replica.in_flight += 1
+        return time.monotonic() - queued_at
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        replica = self._replica
+        replica.in_flight -= 1
+        replica._slots.release()
 
 
 class Balancer:

@@ -36,7 +36,7 @@ from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
 from nemo_gym_grpc.bridge.nemo_gym import episodes
 from nemo_gym_grpc.bridge.nemo_gym import run as agent_run
 from nemo_gym_grpc.bridge.upstreams import ENVIRONMENT, Upstreams
-from nemo_gym_grpc.bridge.verifier import DEADLINE_MARGIN, RetryPolicy
+from nemo_gym_grpc.bridge.verifier import RetryPolicy, time_left
 from nemo_gym_grpc.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ class Runner:
 
         Raises:
             errors.ItemError: DEADLINE_EXCEEDED / UPSTREAM_TIMEOUT when the RPC deadline
-                passes (less DEADLINE_MARGIN) before a slot is free.
+                passes (less its margin, `verifier.time_left`) before a slot is free.
         """
         slots = self._slots.get(name)
         if slots is None:
@@ -202,7 +202,7 @@ class Runner:
         try:
             if deadline is None:
                 await slots.semaphore.acquire()
-            elif not await _acquire(slots.semaphore, deadline - queued_at - DEADLINE_MARGIN):
+            elif not await _acquire(slots.semaphore, time_left(deadline, queued_at)):
                 raise errors.ItemError(
                     code_pb2.DEADLINE_EXCEEDED,
                     errors.UPSTREAM_TIMEOUT,
@@ -233,7 +233,7 @@ class Runner:
         """One `/run` POST with the rollout's timeout cut to what the RPC deadline leaves;
         counted in the rollout latency metric. Raises ItemError."""
         if deadline is not None:
-            left = deadline - time.monotonic() - DEADLINE_MARGIN
+            left = time_left(deadline)
             if left <= 0:
                 raise errors.ItemError(
                     code_pb2.DEADLINE_EXCEEDED,

@@ -23,6 +23,8 @@ from nemo_gym_grpc.rewards.per_process import PerProcess
 from nemo_gym_grpc.v1 import rollout_pb2_grpc, verify_pb2_grpc
 
 MiB = 1024 * 1024
+# grpc.ChannelConnectivity.READY as the core channel reports it (an int).
+_READY = grpc.ChannelConnectivity.READY.value[0]
 # gRPC's default 4 MiB receive limit rejects a 64-item message of long completions; the
 # bridge's `--max-message-mb` defaults to the same 64 MiB.
 MAX_MESSAGE_BYTES = 64 * MiB
@@ -81,7 +83,15 @@ class Channel:
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait up to `timeout` s until the channel can carry calls (some address answered
-        the handshake). True when ready, False on timeout."""
+        the handshake). True when ready, False on timeout.
+
+        A channel that is READY right now returns at once (`is_ready`, about a microsecond);
+        only one that is not waits on `grpc.channel_ready_future`, which subscribes to the
+        channel's connectivity and so starts a polling thread (about 0.3-0.4 ms per call
+        here, measured at concurrency 1).
+        """
+        if self.is_ready():
+            return True
         future = grpc.channel_ready_future(self.channel)
         try:
             future.result(timeout=timeout)
@@ -89,6 +99,20 @@ class Channel:
         except grpc.FutureTimeoutError:
             future.cancel()
             return False
+
+    def is_ready(self) -> bool:
+        """Whether the channel is READY now, without trying to connect and without waiting.
+
+        grpcio's sync channel has no public way to read its state once (only a subscription,
+        which starts a thread), so this asks its core channel (`grpc._channel.Channel.
+        _channel.check_connectivity_state`, grpcio 1.x); where that is missing it says False
+        and `wait_ready` takes the public, slower path.
+        """
+        core = getattr(self.channel, "_channel", None)
+        check = getattr(core, "check_connectivity_state", None)
+        if check is None:
+            return False
+        return bool(check(False) == _READY)
 
 
 def aio_channel(target: str, security: Security = PLAINTEXT) -> grpc.aio.Channel:
