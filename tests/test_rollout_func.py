@@ -1,6 +1,7 @@
 """The rollout client's pure parts: rows -> RunRequests (`rollouts.build_requests`), prompts ->
 dataset rows (`trl_rollouts.RowIndex`), outcomes -> TRL's rollout_func output (NaN and masked
-for failures), the failure guard; and a call to a bridge that is not there (real gRPC)."""
+for failures), the failure guard; a call to a bridge that is not there (real gRPC), and an
+embedded bridge whose head server is not there (a real bridge process)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from nemo_gym_grpc.rewards import (
     arun_rollouts,
     client,
     create_nemo_gym_rollout_func,
+    embedded,
     reward_env,
     rollouts,
     run_rollouts,
@@ -231,3 +233,22 @@ def test_the_rollout_func_refuses_a_failed_batch(monkeypatch):
         rollout_func(["q", "q"], Trainer())
     with pytest.raises(KeyError, match="no dataset row has the prompt"):
         rollout_func(["other"], Trainer())
+
+
+def test_with_the_head_server_down_every_rollout_fails_head_server_unavailable(monkeypatch):
+    """No target: the embedded bridge starts over NEMO_GYM_HEAD_URL even when nothing answers
+    there (a real bridge process), and each rollout fails UNAVAILABLE, not NOT_FOUND."""
+    head_url = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.delenv(settings.TARGET_ENV, raising=False)
+    monkeypatch.setenv(settings.HEAD_URL_ENV, head_url)
+    try:
+        outcomes = run_rollouts([_row(), _row()], agent="simple_agent", batch_timeout=30)
+    finally:
+        embedded.stop_all()
+    for outcome in outcomes:
+        assert isinstance(outcome, Failure) and not outcome.whole_call
+        assert (outcome.code, outcome.reason) == ("UNAVAILABLE", "HEAD_SERVER_UNAVAILABLE")
+        assert f"the head server {head_url} could not be read" in outcome.message
+        assert outcome.metadata["headUrl"] == head_url
+        assert outcome.metadata["agent"] == "simple_agent"
+        assert "Connect" in outcome.metadata["discoveryError"]
