@@ -190,8 +190,9 @@ class FileScorer:
             await asyncio.gather(stopped, *started, return_exceptions=True)
 
 
-def _output_problem(path: Path) -> str | None:
-    """Why OUT cannot be appended to, or None; checked before anything is scored."""
+def output_problem(path: Path) -> str | None:
+    """Why the file at `path` cannot be written (appended to, replaced or created; a missing
+    folder is not created), or None. `score` and `export` check OUT with it before any work."""
     if path.is_dir():
         return f"{path} is a directory"
     if path.exists():
@@ -214,7 +215,7 @@ def run_score(args: argparse.Namespace) -> int:
     no bridge, a call that kept failing), 2 an OUT that cannot be written, 130 stopped by
     SIGINT/SIGTERM (rerun the same command to resume)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    problem = _output_problem(args.output)
+    problem = output_problem(args.output)
     if problem:
         print(f"nemo-gym-grpc score: error: -o/--output: {problem}", file=sys.stderr)
         return 2
