@@ -189,8 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         from nemo_gym_grpc.rewards.openrlhf import serve
 
         _setup_logging("INFO", "text")
-        serve(args.host, args.port)
-        return 0
+        return serve(args.host, args.port)
     _setup_logging(args.log_level, args.log_format)
     config = BridgeConfig.from_args(args)
     if args.max_item_mb > args.max_message_mb:
