@@ -103,6 +103,23 @@ def test_serve_refuses_bad_values(main, flag, value):
     assert_refused(main("serve", flag, value), f"argument {flag}", repr(value))
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["--agent", "a=http://127.0.0.1:1", "--environment-server", "a=http://127.0.0.1:2"],
+            "a: given to both --agent and --environment-server; a name routes to one protocol",
+        ),
+        (
+            ["--max-stream-items", "16", "--max-batch-items", "17"],
+            "--max-batch-items 17 exceeds --max-stream-items 16",
+        ),
+    ],
+)
+def test_serve_refuses_options_that_contradict_each_other(main, args, needle):
+    assert_refused(main("serve", *args), "nemo-gym-grpc serve: error: ", needle)
+
+
 def test_serve_refuses_a_token_file_it_cannot_read(main, tmp_path):
     assert_refused(
         main("serve", "--token-file", "/nonexistent/token"), "--token-file", "/nonexistent/token"
