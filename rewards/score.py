@@ -41,6 +41,7 @@ from nemo_gym_grpc.rewards import channels, client, embedded, scorefile, setting
 from nemo_gym_grpc.rewards.outcomes import Failure, Outcome, ProtocolError
 
 CALL_ATTEMPTS = 3
+CALL_BACKOFF = 1.0  # seconds before attempt n + 1: n x this (1 s, then 2 s)
 RETRYABLE_CALL_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 EXIT_INTERRUPTED = 130
 
@@ -134,7 +135,7 @@ class FileScorer:
                 log.warning(
                     "call failed as a whole (%s); retrying its %d rows", failure.cause, len(todo)
                 )
-                await asyncio.sleep(attempt)  # 1 s, then 2 s
+                await asyncio.sleep(attempt * CALL_BACKOFF)
         return [scorefile.record(row, row.failure or outcomes[row.request_id]) for row in rows]
 
     async def run(
