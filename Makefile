@@ -1,6 +1,6 @@
 # Developer commands. `make test` is what CI runs (.ci/run). Targets are .PHONY because
 # folders named proto/ and tests/ exist.
-.PHONY: help dev proto proto-check lint typecheck test demo bench soak wheel clean
+.PHONY: help dev proto proto-check lint typecheck test fast demo bench soak wheel clean
 
 # Every tool runs from .venv, which `make dev` (or any target needing it) creates on first use.
 VENV_BIN := $(CURDIR)/.venv/bin
@@ -29,7 +29,8 @@ help:
 	@echo "                  installs only the package, no dev tools or torch"
 	@echo "make test         the whole test suite on real NeMo Gym 0.7.0 servers, then its"
 	@echo "                  compat subset on 0.4.0; installs everything"
-	@echo "                  fast tier, no NeMo Gym servers: .venv/bin/python -m pytest -m 'not nemo_gym'"
+	@echo "make fast         the fast tier (no NeMo Gym servers, about a minute on 2 cores):"
+	@echo "                  .venv/bin/python -m pytest -m 'not nemo_gym'"
 	@echo "make soak         10-minute chaos soak (not part of make test; its 60 s variant is)"
 	@echo "make proto        regenerate Python code from $(PROTOS)"
 	@echo "make proto-check  fail if the committed generated code is stale"
@@ -92,6 +93,12 @@ test: $(DEV) $(VERL)
 	  echo "make test: NeMo Gym 0.7.0, whole suite: $$(( $$(date +%s) - t )) s"
 	@t=$$(date +%s); NEMO_GYM_VERSION=0.4.0 $(PY) -m pytest -m compat $(PYTEST_ARGS) && \
 	  echo "make test: NeMo Gym 0.4.0, compat subset: $$(( $$(date +%s) - t )) s"
+
+# The fast tier: every test that needs no NeMo Gym stack (tests/conftest.py's `nemo_gym` marker),
+# for every change; prints its time. PYTEST_ARGS passes options.
+fast: $(DEV)
+	@t=$$(date +%s); $(PY) -m pytest -m "not nemo_gym" $(PYTEST_ARGS) && \
+	  echo "make fast: $$(( $$(date +%s) - t )) s"
 
 $(DEMO_DEPS): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv

@@ -151,13 +151,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     or default (`flags.resolve`).
 
     Raises:
-        SystemExit: 2 (with a one-line message) for a bad flag or environment value; 0 for
-            `--help`.
+        SystemExit: 2 (with a one-line message) for a bad flag or environment value, or
+            `serve` options that contradict each other (`check_limits`); 0 for `--help`.
     """
     parser, serve_cmd = _parsers()
     args = parser.parse_args(argv)
     if args.command == "serve":
         resolve(serve_cmd, args, [*BridgeConfig.flags(), *PROCESS_FLAGS])
+        try:
+            check_limits(BridgeConfig.from_args(args))
+        except ValueError as exc:
+            serve_cmd.error(str(exc))
     return args
 
 
@@ -189,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         from nemo_gym_grpc.rewards.openrlhf import serve
 
         _setup_logging("INFO", "text")
-        serve(args.host, args.port)
-        return 0
+        return serve(args.host, args.port)
     _setup_logging(args.log_level, args.log_format)
     config = BridgeConfig.from_args(args)
     if args.max_item_mb > args.max_message_mb:

@@ -207,8 +207,8 @@ class Runner:
                     code_pb2.DEADLINE_EXCEEDED,
                     errors.UPSTREAM_TIMEOUT,
                     f"the RPC deadline passed while waiting "
-                    f"{time.monotonic() - queued_at:.3f} s for one of agent {name!r}'s "
-                    f"{self._concurrency} slots (--agent-concurrency)",
+                    f"{time.monotonic() - queued_at:.3f} s for one of the "
+                    f"{self._concurrency} slots of agent {name!r} (--agent-concurrency)",
                     agent=name,
                     queuedSeconds=f"{time.monotonic() - queued_at:.3f}",
                 )

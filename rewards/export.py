@@ -15,7 +15,8 @@ each `input` message; a plain-text `input` is one user message) and the row's
 - openrlhf (JSONL): `prompt` = messages,
   `label` = JSON text {"resources_server", "nemo_gym_row": the row}.
 
-The server of a row is its `resources_server_ref.name`, else `--server`.
+The server of a row is its `resources_server_ref.name`, else `--server`. OUT's folder must
+exist (as for `score`), and an input without rows is refused rather than exported as nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_grpc.rewards import convert
+from nemo_gym_grpc.rewards.score import output_problem
 from nemo_gym_grpc.rewards.stacks import ROW_KEY, SERVER_KEY
 
 FORMATS = ("verl", "slime", "openrlhf")
@@ -142,12 +144,13 @@ def export_rows(
 
 
 def write_records(records: list[dict[str, Any]], path: Path, fmt: str) -> None:
-    """Write verl records as parquet (needs pyarrow, which verl installs), others as JSONL.
+    """Write verl records as parquet (needs pyarrow, which verl installs), others as JSONL,
+    replacing the file at `path`.
 
     Raises:
         RuntimeError: verl format without pyarrow installed.
+        OSError: `path` cannot be written (its folder is not created).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "verl":
         try:
             import pyarrow as pa  # type: ignore[import-untyped]
@@ -162,10 +165,22 @@ def write_records(records: list[dict[str, Any]], path: Path, fmt: str) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Run `nemo-gym-grpc export` (`args`: rows, output, format, server). Returns 0, or 1
-    with one line on stderr for unreadable input or a row without a server."""
+    """Run `nemo-gym-grpc export` (`args`: rows, output (Paths), format, server). Returns 0;
+    1 with one line on stderr for unreadable input or a row without a server; 2 with one line
+    for an OUT that cannot be written (checked first) or an input without rows. Nothing is
+    written unless it returns 0."""
+    problem = output_problem(args.output)
+    if problem:
+        print(f"nemo-gym-grpc export: error: -o/--output: {problem}", file=sys.stderr)
+        return 2
     try:
         records = export_rows(read_rows(args.rows), args.format, args.server)
+        if not records:
+            print(
+                f"nemo-gym-grpc export: error: {args.rows} holds no rows (empty or blank lines)",
+                file=sys.stderr,
+            )
+            return 2
         write_records(records, args.output, args.format)
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"nemo-gym-grpc export: {exc}", file=sys.stderr)

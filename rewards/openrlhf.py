@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -165,6 +166,24 @@ def app() -> web.Application:
     return application
 
 
-def serve(host: str, port: int) -> None:
-    """Run `app()` on host:port until interrupted (SIGINT/SIGTERM)."""
-    web.run_app(app(), host=host, port=port, print=None)
+def serve(host: str, port: int) -> int:
+    """Run `app()` on host:port until interrupted (SIGINT/SIGTERM); logs
+    "nemo-gym-grpc openrlhf-rm listening on http://HOST:PORT/get_reward" once it accepts
+    requests. Returns the exit status: 0 after SIGINT/SIGTERM; 1, with one line on stderr,
+    when it cannot listen there (e.g. the port is taken)."""
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}{PATH}"
+    listening = False
+
+    def ready(_aiohttp_banner: str) -> None:
+        nonlocal listening
+        listening = True
+        log.info("nemo-gym-grpc openrlhf-rm listening on %s", url)
+
+    try:
+        web.run_app(app(), host=host, port=port, print=ready)
+    except OSError as exc:
+        if listening:
+            raise
+        print(f"nemo-gym-grpc openrlhf-rm: cannot listen on {url}: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -41,6 +41,7 @@ from nemo_gym_grpc.rewards import channels, client, embedded, scorefile, setting
 from nemo_gym_grpc.rewards.outcomes import Failure, Outcome, ProtocolError
 
 CALL_ATTEMPTS = 3
+CALL_BACKOFF = 1.0  # seconds before attempt n + 1: n x this (1 s, then 2 s)
 RETRYABLE_CALL_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 EXIT_INTERRUPTED = 130
 
@@ -134,7 +135,7 @@ class FileScorer:
                 log.warning(
                     "call failed as a whole (%s); retrying its %d rows", failure.cause, len(todo)
                 )
-                await asyncio.sleep(attempt)  # 1 s, then 2 s
+                await asyncio.sleep(attempt * CALL_BACKOFF)
         return [scorefile.record(row, row.failure or outcomes[row.request_id]) for row in rows]
 
     async def run(
@@ -190,8 +191,9 @@ class FileScorer:
             await asyncio.gather(stopped, *started, return_exceptions=True)
 
 
-def _output_problem(path: Path) -> str | None:
-    """Why OUT cannot be appended to, or None; checked before anything is scored."""
+def output_problem(path: Path) -> str | None:
+    """Why the file at `path` cannot be written (appended to, replaced or created; a missing
+    folder is not created), or None. `score` and `export` check OUT with it before any work."""
     if path.is_dir():
         return f"{path} is a directory"
     if path.exists():
@@ -214,7 +216,7 @@ def run_score(args: argparse.Namespace) -> int:
     no bridge, a call that kept failing), 2 an OUT that cannot be written, 130 stopped by
     SIGINT/SIGTERM (rerun the same command to resume)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    problem = _output_problem(args.output)
+    problem = output_problem(args.output)
     if problem:
         print(f"nemo-gym-grpc score: error: -o/--output: {problem}", file=sys.stderr)
         return 2

@@ -37,7 +37,8 @@ def slime_item(sample: Any) -> stacks.StackItem:
     """The `StackItem` of one slime `Sample` (`response`, `prompt`, `metadata`).
 
     Raises:
-        ValueError: `metadata` (or its row) is text that is not a JSON object.
+        ValueError: `metadata` is text that is not a JSON object, or its row is neither a
+            dict nor the JSON text of one (the message names the field).
     """
     server, row = stacks.nemo_gym_fields(getattr(sample, "metadata", None), "sample.metadata")
     response = getattr(sample, "response", "")

@@ -71,16 +71,23 @@ def nemo_gym_fields(carrier: Any, where: str) -> tuple[str, dict[str, Any] | Non
     parquet holds it as text). A missing name gives "" (the item then fails, not the batch).
 
     Raises:
-        ValueError: `carrier` (or the row in it) is text that is not a JSON object; the
-            message names `where` (e.g. "extra_info").
+        ValueError: `carrier` is text that is not a JSON object, or the row in it is neither
+            a dict nor the JSON text of one (e.g. a list); the message names the field
+            (`where`, e.g. "sample.metadata", and `ROW_KEY`).
     """
     fields = _json_object(carrier, where) if isinstance(carrier, str) else carrier
     if not isinstance(fields, Mapping):
         return "", None
     server = fields.get(SERVER_KEY)
     row = fields.get(ROW_KEY)
+    field = f"{where}[{ROW_KEY!r}]"
     if isinstance(row, str):
-        row = _json_object(row, f"{where}[{ROW_KEY!r}]")
+        row = _json_object(row, field)
+    elif row is not None and not isinstance(row, Mapping):
+        raise ValueError(
+            f"{field} must be the NeMo Gym row as a dict (or its JSON text), "
+            f"got {type(row).__name__}: {row!r:.100}"
+        )
     return (server if isinstance(server, str) else ""), (dict(row) if row else None)
 
 

@@ -1,10 +1,13 @@
 """Bad command-line arguments of `serve` and `score` are refused at parsing: exit status 2 and
 a one-line error naming the option, before anything starts (no NeMo Gym, no bridge needed).
-The same holds for `serve`'s environment variables, which each flag falls back to."""
+The same holds for `serve`'s environment variables, which each flag falls back to.
+
+The refusals run `cli.main` in this process (every one happens while parsing, before anything
+would start; `_no_start` makes a case that got further fail instead of serving); one case runs
+the real `python -m nemo_gym_grpc.bridge` process, for its exit status."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -15,7 +18,7 @@ import pytest
 from nemo_gym_grpc.bridge import cli as cli_module
 from nemo_gym_grpc.bridge.cli import PROCESS_FLAGS, parse_args
 from nemo_gym_grpc.bridge.config import TOKEN_ENV, BridgeConfig
-from nemo_gym_grpc.rewards import settings
+from nemo_gym_grpc.rewards import scorefile, settings
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -35,6 +38,38 @@ def assert_refused(done: subprocess.CompletedProcess, *needles: str) -> None:
     assert "error:" in last
     for needle in needles:
         assert needle in last, last
+
+
+@pytest.fixture
+def _no_start(monkeypatch):
+    """Serving or scoring in this process fails the test: a refusal must come first."""
+
+    def started(*args, **kwargs):
+        raise AssertionError("got past argument checking")
+
+    monkeypatch.setattr(cli_module, "run", started)
+    monkeypatch.setattr(cli_module, "run_workers", started)
+    monkeypatch.setattr(scorefile, "plan", started)
+
+
+@pytest.fixture
+def main(capsys, _no_start):
+    """main(*args) -> CompletedProcess: `cli.main(args)` in this process, its exit status
+    (SystemExit's code or the return value) and what it wrote to stderr."""
+
+    def run_main(*args: str) -> subprocess.CompletedProcess:
+        try:
+            code = cli_module.main(list(args))
+        except SystemExit as exit_:
+            code = exit_.code
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)
+
+    return run_main
+
+
+def test_the_process_exits_2_on_a_bad_value():
+    assert_refused(cli("serve", "--workers", "0"), "argument --workers", "'0'")
 
 
 @pytest.mark.parametrize(
@@ -64,17 +99,34 @@ def assert_refused(done: subprocess.CompletedProcess, *needles: str) -> None:
         ("--listen", "::1:50051"),  # IPv6 needs brackets
     ],
 )
-def test_serve_refuses_bad_values(flag, value):
-    assert_refused(cli("serve", flag, value), f"argument {flag}", repr(value))
+def test_serve_refuses_bad_values(main, flag, value):
+    assert_refused(main("serve", flag, value), f"argument {flag}", repr(value))
 
 
-def test_serve_refuses_a_token_file_it_cannot_read(tmp_path):
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["--agent", "a=http://127.0.0.1:1", "--environment-server", "a=http://127.0.0.1:2"],
+            "a: given to both --agent and --environment-server; a name routes to one protocol",
+        ),
+        (
+            ["--max-stream-items", "16", "--max-batch-items", "17"],
+            "--max-batch-items 17 exceeds --max-stream-items 16",
+        ),
+    ],
+)
+def test_serve_refuses_options_that_contradict_each_other(main, args, needle):
+    assert_refused(main("serve", *args), "nemo-gym-grpc serve: error: ", needle)
+
+
+def test_serve_refuses_a_token_file_it_cannot_read(main, tmp_path):
     assert_refused(
-        cli("serve", "--token-file", "/nonexistent/token"), "--token-file", "/nonexistent/token"
+        main("serve", "--token-file", "/nonexistent/token"), "--token-file", "/nonexistent/token"
     )
     empty = tmp_path / "token"
     empty.write_text("\n")
-    assert_refused(cli("serve", "--token-file", str(empty)), "--token-file", "is empty")
+    assert_refused(main("serve", "--token-file", str(empty)), "--token-file", "is empty")
 
 
 def test_serve_accepts_ipv6_listen_and_zero_where_zero_means_something(tmp_path):
@@ -117,37 +169,30 @@ def rows_file(tmp_path: Path) -> Path:
         ("--concurrency", "0"),
     ],
 )
-def test_score_refuses_bad_values(tmp_path, flag, value):
+def test_score_refuses_bad_values(main, tmp_path, flag, value):
     out = tmp_path / "out.jsonl"
-    done = cli("score", str(rows_file(tmp_path)), "-o", str(out), flag, value)
+    done = main("score", str(rows_file(tmp_path)), "-o", str(out), flag, value)
     assert_refused(done, f"argument {flag}", repr(value))
     assert not out.exists()
 
 
-def test_score_refuses_an_output_it_cannot_write_before_scoring(tmp_path):
+def test_score_refuses_an_output_it_cannot_write_before_scoring(main, tmp_path):
     rows = rows_file(tmp_path)
     # --target 127.0.0.1:1: had it got as far as connecting, it would fail differently
     for out, needle in [
         ("/nonexistent/dir/x.jsonl", "folder /nonexistent/dir does not exist"),
         (str(tmp_path), "is a directory"),
     ]:
-        done = cli("score", str(rows), "-o", out, "--target", "127.0.0.1:1")
+        done = main("score", str(rows), "-o", out, "--target", "127.0.0.1:1")
         assert_refused(done, "-o/--output", needle)
 
 
 # --- environment fallback ----------------------------------------------------------------
 
 
-def test_serve_refuses_a_bad_environment_value_naming_the_variable():
-    env = {**os.environ, "NEMO_GYM_GRPC_MAX_IN_FLIGHT": "0"}
-    done = subprocess.run(
-        [sys.executable, "-m", "nemo_gym_grpc.bridge", "serve"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert_refused(done, "NEMO_GYM_GRPC_MAX_IN_FLIGHT", "'0'")
+def test_serve_refuses_a_bad_environment_value_naming_the_variable(main, monkeypatch):
+    monkeypatch.setenv("NEMO_GYM_GRPC_MAX_IN_FLIGHT", "0")
+    assert_refused(main("serve"), "NEMO_GYM_GRPC_MAX_IN_FLIGHT", "'0'")
 
 
 @pytest.mark.parametrize(
@@ -222,8 +267,8 @@ def test_flag_defaults_are_the_python_defaults(monkeypatch):
     assert BridgeConfig.from_args(parse_args(["serve"])) == BridgeConfig()
 
 
-def test_help_names_every_flag_and_its_variable():
-    done = cli("serve", "--help")
+def test_help_names_every_flag_and_its_variable(main):
+    done = main("serve", "--help")
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())  # argparse wraps lines
     flags = [*BridgeConfig.flags(), *PROCESS_FLAGS]

@@ -89,6 +89,33 @@ def test_unreadable_input_exits_1(tmp_path, capsys):
     assert "rows.jsonl:1: not a JSON object" in capsys.readouterr().err
 
 
+def test_an_output_folder_that_does_not_exist_is_refused_not_created(mcqa_jsonl, tmp_path, capsys):
+    out = tmp_path / "missing" / "out.jsonl"
+    argv = ["export", str(mcqa_jsonl), "-o", str(out), "--format", "slime", "--server", "mcqa"]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"nemo-gym-grpc export: error: -o/--output: cannot create {out}: "
+        f"folder {out.parent} does not exist"
+    )
+    assert not out.parent.exists()
+    argv[argv.index("-o") + 1] = str(tmp_path)
+    assert cli_main(argv) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n"])
+def test_an_input_without_rows_is_refused_and_nothing_is_written(tmp_path, capsys, text):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(text)
+    out = tmp_path / "out.jsonl"
+    assert cli_main(["export", str(rows), "-o", str(out), "--format", "openrlhf"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"nemo-gym-grpc export: error: {rows} holds no rows (empty or blank lines)"
+    )
+    assert not out.exists()
+
+
 @pytest.fixture
 def via_bridge(bridge_target, monkeypatch):
     monkeypatch.setenv("NEMO_GYM_GRPC_TARGET", bridge_target)

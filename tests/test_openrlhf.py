@@ -3,13 +3,16 @@ servers: the `reward_func` file hook, and the HTTP contract served by
 `nemo-gym-grpc openrlhf-rm` (a real process). Both are driven by OpenRLHF 0.11.2's own reward
 caller, `SingleTurnAgentExecutor` (tests/openrlhf_run.py, in build/verl-venv: openrlhf itself
 does not install here, since it needs flash-attn 2.8.3, which builds only with CUDA; its
-package is installed without dependencies for this), and called directly."""
+package is installed without dependencies for this), and called directly. Also the
+`openrlhf-rm` process's start: its ready line, and a port already taken."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import select
+import socket
 import subprocess
 import sys
 
@@ -166,3 +169,44 @@ def test_openrlhfs_own_reward_caller_gets_nemo_gym_rewards(form, reward_func_fil
     assert [o["extra_logs"] for o in outputs[:3]] == [{"scoring_failed": [0.0]}] * 3
     # a failed item raises (or answers 500); OpenRLHF logs that and leaves the reward None
     assert outputs[3] == {"reward": None, "scores": None, "extra_logs": {}}
+
+
+# --------------------------------------------------------------------------------------------
+# the openrlhf-rm process itself (no bridge needed before the first request)
+
+
+def _openrlhf_rm(port: int) -> subprocess.Popen:
+    cli = [sys.executable, "-m", "nemo_gym_grpc.bridge", "openrlhf-rm", "--port", str(port)]
+    return subprocess.Popen(cli, stderr=subprocess.PIPE, text=True)
+
+
+def test_openrlhf_rm_says_where_it_listens_once_it_serves():
+    (port,) = free_ports(1)
+    proc = _openrlhf_rm(port)
+    try:
+        assert proc.stderr is not None
+        readable, _, _ = select.select([proc.stderr], [], [], 30)
+        assert readable, "no line from openrlhf-rm within 30 s"
+        line = proc.stderr.readline()  # the whole line (or "" if it died)
+        url = f"http://127.0.0.1:{port}{openrlhf.PATH}"
+        assert line.rstrip().endswith(f"nemo-gym-grpc openrlhf-rm listening on {url}"), line
+        reply = requests.post(url, json={}, timeout=10)  # served already: no retry needed
+        assert reply.status_code == 400 and "must be lists" in reply.json()["error"]
+    finally:
+        proc.terminate()
+        _, rest = proc.communicate(timeout=30)
+    assert proc.returncode == 0, rest  # SIGTERM: a clean stop
+
+
+def test_openrlhf_rm_on_a_taken_port_exits_1_with_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _openrlhf_rm(port)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr
+    (line,) = stderr.strip().splitlines()
+    assert line.startswith(f"nemo-gym-grpc openrlhf-rm: cannot listen on http://127.0.0.1:{port}")
+    assert "address already in use" in line

@@ -298,8 +298,11 @@ def test_a_stopped_run_keeps_the_finished_batches_and_cancels_the_calls_in_fligh
     assert servicer.most_in_flight == 2  # --concurrency: the other two held batches waited
 
 
-async def test_a_call_that_keeps_failing_as_a_whole_stops_the_run_after_three_attempts(scripted):
+async def test_a_call_that_keeps_failing_as_a_whole_stops_the_run_after_three_attempts(
+    scripted, monkeypatch
+):
     target, _ = scripted
+    monkeypatch.setattr(score, "CALL_BACKOFF", 0.01)  # the attempts are the point, not the wait
     out = io.BytesIO()
     scorer = _file_scorer(target, asyncio.Event())
     with pytest.raises(score.CallFailed, match=r"\(3 attempts\): UNAVAILABLE \(BRIDGE_DRAINING\)"):

@@ -1,9 +1,11 @@
 """The rollout client's pure parts: rows -> RunRequests (`rollouts.build_requests`), prompts ->
 dataset rows (`trl_rollouts.RowIndex`), outcomes -> TRL's rollout_func output (NaN and masked
-for failures), the failure guard; and a call to a bridge that is not there (real gRPC)."""
+for failures), the failure guard; a call to a bridge that is not there (real gRPC), and an
+embedded bridge whose head server is not there (a real bridge process)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import socket
@@ -13,14 +15,18 @@ import pytest
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
+    arun_rollouts,
+    client,
     create_nemo_gym_rollout_func,
+    embedded,
     reward_env,
     rollouts,
     run_rollouts,
+    settings,
     trl_rollouts,
 )
 from nemo_gym_grpc.rewards.outcomes import INVALID_ITEM, NO_TOKENS, Failure
-from nemo_gym_grpc.v1 import rollout_pb2
+from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
 PARAMS = {"input": [{"role": "user", "content": "What is 2 + 3?"}]}
 
@@ -182,16 +188,32 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_a_bridge_that_is_not_there_fails_every_rollout_of_the_call_within_its_deadline(
-    monkeypatch,
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_bridge_that_is_not_there_fails_every_rollout_as_it_fails_every_score(
+    monkeypatch, asynchronous
 ):
-    monkeypatch.setenv("NEMO_GYM_GRPC_CONNECT_TIMEOUT", "0.5")
+    """Rollouts wait for a connection as scoring does (NEMO_GYM_GRPC_CONNECT_TIMEOUT, within
+    the call's deadline) and fail with the same code and message as `verify_batch`."""
+    monkeypatch.setenv(settings.CONNECT_TIMEOUT_ENV, "0.5")
     target = f"127.0.0.1:{_closed_port()}"
+    rows = [_row(), _row(), {}]
     began = time.monotonic()
-    outcomes = run_rollouts([_row(), _row(), {}], agent="a", target=target, batch_timeout=5)
+    if asynchronous:
+        outcomes = asyncio.run(arun_rollouts(rows, agent="a", target=target, batch_timeout=5))
+    else:
+        outcomes = run_rollouts(rows, agent="a", target=target, batch_timeout=5)
     waited = time.monotonic() - began
-    assert [o.code for o in outcomes] == ["UNAVAILABLE", "UNAVAILABLE", "UNAVAILABLE"]  # type: ignore[union-attr]
-    assert all(isinstance(o, Failure) and o.whole_call for o in outcomes)
+    scored = client.verify_batch(
+        target,
+        [verify_pb2.VerifyRequest(request_id="v", resources_server="mcqa")],
+        timeout=600,  # the reward functions' default batch deadline
+        connect_timeout=settings.connect_timeout(),
+    )["v"]
+    assert isinstance(scored, Failure)
+    assert scored.message == f"no connection to the bridge at {target} within 0.5 s"
+    for outcome in outcomes:
+        assert isinstance(outcome, Failure) and outcome.whole_call
+        assert (outcome.code, outcome.message) == ("UNAVAILABLE", scored.message)
     print(f"no bridge: {len(outcomes)} rollouts failed after {waited:.2f} s")
 
 
@@ -211,3 +233,22 @@ def test_the_rollout_func_refuses_a_failed_batch(monkeypatch):
         rollout_func(["q", "q"], Trainer())
     with pytest.raises(KeyError, match="no dataset row has the prompt"):
         rollout_func(["other"], Trainer())
+
+
+def test_with_the_head_server_down_every_rollout_fails_head_server_unavailable(monkeypatch):
+    """No target: the embedded bridge starts over NEMO_GYM_HEAD_URL even when nothing answers
+    there (a real bridge process), and each rollout fails UNAVAILABLE, not NOT_FOUND."""
+    head_url = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.delenv(settings.TARGET_ENV, raising=False)
+    monkeypatch.setenv(settings.HEAD_URL_ENV, head_url)
+    try:
+        outcomes = run_rollouts([_row(), _row()], agent="simple_agent", batch_timeout=30)
+    finally:
+        embedded.stop_all()
+    for outcome in outcomes:
+        assert isinstance(outcome, Failure) and not outcome.whole_call
+        assert (outcome.code, outcome.reason) == ("UNAVAILABLE", "HEAD_SERVER_UNAVAILABLE")
+        assert f"the head server {head_url} could not be read" in outcome.message
+        assert outcome.metadata["headUrl"] == head_url
+        assert outcome.metadata["agent"] == "simple_agent"
+        assert "Connect" in outcome.metadata["discoveryError"]

@@ -20,7 +20,6 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from nemo_gym_grpc.bridge.health import ROLLOUT_SERVICE_NAME
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc, verify_pb2, verify_pb2_grpc
 from tests.support import BridgeProcess, closed_port, start_bridge
-from tests.support.errors import NemoGymError
 from tests.support.rollouts import run_request
 from tests.support.waiting import wait_until
 
@@ -133,9 +132,3 @@ def test_a_batch_over_max_batch_items_ends_the_stream_after_the_earlier_ones(cha
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "RunStreamRequest held 4 items" in refused.value.details()
     assert "--max-batch-items" in refused.value.details()
-
-
-def test_a_name_given_to_both_agent_flags_is_refused():
-    url = f"http://127.0.0.1:{closed_port()}"
-    with pytest.raises(NemoGymError, match="both --agent and --environment-server"):
-        start_bridge("--agent", f"x={url}", "--environment-server", f"x={url}", timeout=20)

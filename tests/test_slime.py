@@ -81,6 +81,26 @@ def test_metadata_text_that_is_not_a_json_object_is_an_error():
         slime.slime_item(SlimeSample(prompt="Q", response="A", metadata="{nope"))  # type: ignore[arg-type]
 
 
+NOT_A_DICT = "must be the NeMo Gym row as a dict (or its JSON text)"
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        ([{"expected_answer": "B"}], f"{NOT_A_DICT}, got list"),
+        ('[{"expected_answer": "B"}]', "is JSON but not an object"),
+        (7, f"{NOT_A_DICT}, got int"),
+    ],
+)
+def test_a_nemo_gym_row_that_is_not_an_object_is_an_error_naming_the_field(row, problem):
+    sample = SlimeSample(
+        prompt="Q", response="A", metadata={"resources_server": "mcqa", "nemo_gym_row": row}
+    )
+    with pytest.raises(ValueError) as caught:
+        slime.slime_item(sample)  # was TypeError: cannot convert dictionary update sequence
+    assert str(caught.value).startswith(f"sample.metadata['nemo_gym_row'] {problem}")
+
+
 async def test_a_sample_without_its_nemo_gym_row_fails_instead_of_scoring_0(via_bridge):
     # mcqa would score a row-less item 0.0 (no expected answer): a silent zero
     rowless = SlimeSample(prompt="Q?", response="\\boxed{B}", metadata={"resources_server": "mcqa"})

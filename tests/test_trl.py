@@ -15,8 +15,8 @@ function, our `log_extra` columns) to `output_dir/completions/*.parquet` when
 `log_completions` is set; the test checks every reward there against the mcqa server itself
 (a plain HTTP `/verify`, without our code), and the step's logged reward mean against those.
 
-Needs torch, trl and transformers (the `trl` extra / the test dependency group): without them
-the module is skipped locally and fails under CI.
+Needs torch, trl and transformers (the `trl` extra / the test dependency group), imported when
+a test runs: without them the tests are skipped locally and fail under CI.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ def _import(name: str):
         pytest.skip(message, allow_module_level=True)
 
 
-torch = _import("torch")
-trl = _import("trl")
-transformers = _import("transformers")
-datasets = _import("datasets")
-tokenizers = _import("tokenizers")
-pandas = _import("pandas")
+def _trl_stack():
+    """(trl, datasets, pandas), with torch, transformers and tokenizers checked first, imported
+    when a test runs rather than at collection (torch alone takes seconds to import, and the
+    fast tier collects this module without running it)."""
+    for name in ("torch", "transformers", "tokenizers"):
+        _import(name)
+    return _import("trl"), _import("datasets"), _import("pandas")
 
-from tests.support.tiny_trl import tiny_llama, word_tokenizer  # noqa: E402 (after the checks)
 
 RIGHT, WRONG = "B", "E"  # the answer tokens the policy can sample
 ANSWERS = [f"\\boxed{{{RIGHT}}}", f"\\boxed{{{WRONG}}}", "answer"]
@@ -69,6 +69,8 @@ def load_reward_func(dotted: str):
 
 
 def _tokenizer():
+    from tests.support.tiny_trl import word_tokenizer  # torch: see _trl_stack
+
     return word_tokenizer(
         ["<pad>", "<unk>", "<s>", "</s>", "user:", "assistant:", *MARKERS, *ANSWERS]
     )
@@ -145,6 +147,9 @@ def _verify_over_http(url: str, row: dict, text: str) -> float:
 def test_two_grpo_steps_score_with_nemo_gym_and_failed_items_reach_trl_as_nan(
     dotted, nemo_gym, nemo_gym_venv, bridge_target, monkeypatch, tmp_path
 ):
+    trl, datasets, pandas = _trl_stack()
+    from tests.support.tiny_trl import tiny_llama
+
     monkeypatch.setenv(settings.TARGET_ENV, bridge_target)
     reward_func = load_reward_func(dotted)
     name = reward_func.__name__

@@ -22,15 +22,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import datasets
-import pandas
 import pytest
-import trl
 
 from nemo_gym_grpc.rewards import create_nemo_gym_rollout_func, reward_env, settings
 from tests.support import start_bridge as _start_bridge
 from tests.support import toy_chat
-from tests.support.tiny_trl import tiny_llama, word_tokenizer
 from tests.test_rollouts_client import masked_row, run_over_http, weather_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +34,11 @@ SAMPLING = {"temperature": 1.0, "top_p": 1.0}  # GRPOConfig's defaults, set on e
 
 
 def toy_tokenizer() -> Any:
-    """A tokenizer over the scripted policy's 64 ids (`toy_chat.VOCAB`)."""
+    """A tokenizer over the scripted policy's 64 ids (`toy_chat.VOCAB`). torch, trl and
+    datasets are imported in the tests, not at collection (the fast tier collects this module
+    without running it, and torch alone takes seconds to import)."""
+    from tests.support.tiny_trl import word_tokenizer
+
     return word_tokenizer(toy_chat.VOCAB, pad="<pad>", unk="<pad>", bos="<s>", eos="</s>")
 
 
@@ -66,6 +66,12 @@ def _key(prompt: Any) -> str:
 def test_two_grpo_steps_train_on_the_agents_rollouts_and_masked_ones_reach_trl_as_nan(
     agent_stack, nemo_gym_venv, tmp_path, monkeypatch
 ):
+    import datasets
+    import pandas
+    import trl
+
+    from tests.support.tiny_trl import tiny_llama
+
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     rows = dataset_rows(nemo_gym_venv)
     truths = {_key(row["prompt"]): truth_of(agent_stack, row) for row in rows}
@@ -164,6 +170,8 @@ def _docs_example() -> str:
 
 
 def test_the_docs_example_runs_as_written(agent_stack, nemo_gym_venv, tmp_path):
+    from tests.support.tiny_trl import tiny_llama
+
     model_dir = tmp_path / "model"
     tokenizer = toy_tokenizer()
     tiny_llama(tokenizer).save_pretrained(model_dir)
