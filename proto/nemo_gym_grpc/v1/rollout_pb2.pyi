@@ -89,7 +89,7 @@ class RunRequest(_message.Message):
     when it starts (after the rollout got one of its agent's slots, see the
     bridge's `--agent-concurrency`). 0 = the bridge's default
     (`--run-timeout`, 3600 s unless set). It is also cut to the RPC's gRPC
-    deadline (minus 50 ms). A rollout is retried only when it cannot have
+    deadline (less a margin: max(50 ms, 2% of the time left)). A rollout is retried only when it cannot have
     started (connection refused, environment server admission refused), so
     this is, in practice, the rollout's whole budget.
     """

@@ -108,7 +108,7 @@ class VerifyRequest(_message.Message):
     `/seed_session` get this much each, counted from when that call starts
     (after the item got an upstream slot). 0 = the bridge's default
     (`--verify-timeout`, 30 s unless set). Each call is also cut to the RPC's
-    gRPC deadline (minus 50 ms). It is not a budget for the whole item: an
+    gRPC deadline (less a margin: max(50 ms, 2% of the time left)). It is not a budget for the whole item: an
     item may make up to `--retry-attempts` attempts (each a `/seed_session`
     then a `/verify` for a session), and no attempt starts after
     `--retry-budget` seconds from the first; the RPC deadline bounds the
