@@ -206,24 +206,40 @@ def _scale_round(requests_: list, latency: float, profile: Path | None = None) -
             }
 
 
+def _scale_direct_s(items: list[Item], latency: float) -> float:
+    """Seconds for the direct aiohttp fan-out to POST all of `items` at once (concurrency =
+    len(items)) to a fresh upstream: the yardstick beside the bridge's time."""
+    with procs.Upstream(latency) as up:
+        seconds, _ = _timed(lambda: clients.fanout(f"{up.url}/verify", items, len(items)))
+    return round(seconds, 4)
+
+
 def scale(s: Settings, rows: list[dict], log: Log) -> dict:
     """Scenario 3: `scale_items` items in flight at once on one VerifyStream against an
-    upstream with `scale_latency` s latency; a fresh upstream and bridge per round."""
+    upstream with `scale_latency` s latency, and in every round (the order swapped each round)
+    the direct aiohttp fan-out of the same items; a fresh upstream (and bridge) per run."""
     items = clients.make_items(rows, s.scale_items, scripted=True)
     requests_ = clients.grpc_requests(items, "scale")
     log(f"scenario 3: {len(items)} items in flight, upstream latency {s.scale_latency} s")
     rounds = []
     for index in range(s.rounds):
-        row = _scale_round(requests_, s.scale_latency)
+        if index % 2:
+            direct_s = _scale_direct_s(items, s.scale_latency)
+            row = _scale_round(requests_, s.scale_latency)
+        else:
+            row = _scale_round(requests_, s.scale_latency)
+            direct_s = _scale_direct_s(items, s.scale_latency)
+        row["direct_wall_s"] = direct_s
         log(
-            f"  round {index + 1}: done in {row['wall_s']:.2f} s, first result "
-            f"{row['first_result_s']:.2f} s, peak RSS {row['peak_rss_mb']:.0f} MiB, bridge CPU "
-            f"{row['bridge_cpu_s']:.2f} s, {row['failed']} failed"
+            f"  round {index + 1}: done in {row['wall_s']:.2f} s (direct fan-out "
+            f"{direct_s:.2f} s), first result {row['first_result_s']:.2f} s, peak RSS "
+            f"{row['peak_rss_mb']:.0f} MiB, bridge CPU {row['bridge_cpu_s']:.2f} s, "
+            f"{row['failed']} failed"
         )
         rounds.append(row)
     if s.profile_dir:
         _scale_round(requests_, s.scale_latency, s.profile_dir / "profile_scale.txt")
-    keys = ("wall_s", "first_result_s", "peak_rss_mb", "bridge_cpu_s")
+    keys = ("wall_s", "direct_wall_s", "first_result_s", "peak_rss_mb", "bridge_cpu_s")
     return {
         "items": len(items),
         "upstream_latency_s": s.scale_latency,
