@@ -17,6 +17,36 @@ from collections.abc import Iterable
 REFUSED_COOLDOWN = 5.0
 
 
+async def acquire_within(semaphore: asyncio.Semaphore, seconds: float) -> bool:
+    """Acquire `semaphore` within `seconds`: True once held, False when the time passed
+    first. A slot acquired just as the time passed is kept (True); one acquired just as the
+    caller is cancelled is released (`asyncio.wait_for` can lose either on Python < 3.12)."""
+    acquiring = asyncio.ensure_future(semaphore.acquire())
+    try:
+        await asyncio.wait({acquiring}, timeout=max(seconds, 0.0))
+    except asyncio.CancelledError:
+        if not acquiring.cancel() and not acquiring.cancelled():
+            semaphore.release()  # it was acquired: give it back
+        raise
+    if acquiring.done():
+        return True
+    acquiring.cancel()
+    try:
+        await acquiring
+    except asyncio.CancelledError:
+        return False
+    return True  # acquired before the cancellation took effect
+
+
+class SlotTimeout(Exception):
+    """`Replica.use(wait)` found no free slot within `wait` seconds; `queued`: seconds it
+    waited."""
+
+    def __init__(self, queued: float) -> None:
+        super().__init__(f"no free slot within {queued:.3f} s")
+        self.queued = queued
+
+
 class Replica:
     """One upstream base URL and its load.
 
@@ -46,28 +76,33 @@ class Replica:
         """Record a refused connection: pass this replica over for REFUSED_COOLDOWN s."""
         self.refused_until = time.monotonic() + REFUSED_COOLDOWN
 
-    def use(self) -> _Slot:
-        """`async with replica.use() as queued:` holds one of this replica's slots for the
-        body; `queued` is the seconds spent waiting for it. The counters are restored however
-        the body (or the wait) ends."""
-        return _Slot(self)
+    def use(self, wait: float | None = None) -> _Slot:
+        """`async with replica.use(wait) as queued:` holds one of this replica's slots for the
+        body; `queued` is the seconds spent waiting for it, at most `wait` (None: as long as it
+        takes), else `SlotTimeout` is raised and the body does not run. The counters are
+        restored however the body (or the wait) ends."""
+        return _Slot(self, wait)
 
 
 class _Slot:
     """The async context manager of `Replica.use` (a class, not `asynccontextmanager`: this
     runs once per upstream call, and the generator-based form costs about 4 us more)."""
 
-    __slots__ = ("_replica",)
+    __slots__ = ("_replica", "_wait")
 
-    def __init__(self, replica: Replica) -> None:
+    def __init__(self, replica: Replica, wait: float | None) -> None:
         self._replica = replica
+        self._wait = wait
 
     async def __aenter__(self) -> float:
         replica = self._replica
         queued_at = time.monotonic()
         replica.waiting += 1
         try:
-            await replica._slots.acquire()
+            if self._wait is None or not replica._slots.locked():
+                await replica._slots.acquire()
+            elif not await acquire_within(replica._slots, self._wait):
+                raise SlotTimeout(time.monotonic() - queued_at)
         finally:
             replica.waiting -= 1
         replica.in_flight += 1

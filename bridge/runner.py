@@ -31,7 +31,7 @@ import aiohttp
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors, nemo_gym, run_validation
-from nemo_gym_grpc.bridge.balancer import Balancer
+from nemo_gym_grpc.bridge.balancer import Balancer, acquire_within
 from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
 from nemo_gym_grpc.bridge.nemo_gym import episodes
 from nemo_gym_grpc.bridge.nemo_gym import run as agent_run
@@ -202,7 +202,7 @@ class Runner:
         try:
             if deadline is None:
                 await slots.semaphore.acquire()
-            elif not await _acquire(slots.semaphore, time_left(deadline, queued_at)):
+            elif not await acquire_within(slots.semaphore, time_left(deadline, queued_at)):
                 raise errors.ItemError(
                     code_pb2.DEADLINE_EXCEEDED,
                     errors.UPSTREAM_TIMEOUT,
@@ -276,27 +276,6 @@ class Runner:
             exc.latency_seconds = reply.seconds
             raise
         return ran, reply.seconds
-
-
-async def _acquire(semaphore: asyncio.Semaphore, seconds: float) -> bool:
-    """Acquire `semaphore` within `seconds`: True once held, False when the time passed
-    first. A slot acquired just as the time passed is kept (True); one acquired just as the
-    caller is cancelled is released (`asyncio.wait_for` can lose either on Python < 3.12)."""
-    acquiring = asyncio.ensure_future(semaphore.acquire())
-    try:
-        await asyncio.wait({acquiring}, timeout=max(seconds, 0.0))
-    except asyncio.CancelledError:
-        if not acquiring.cancel() and not acquiring.cancelled():
-            semaphore.release()  # it was acquired: give it back
-        raise
-    if acquiring.done():
-        return True
-    acquiring.cancel()
-    try:
-        await acquiring
-    except asyncio.CancelledError:
-        return False
-    return True  # acquired before the cancellation took effect
 
 
 def _not_started(exc: errors.ItemError) -> bool:

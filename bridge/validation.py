@@ -101,7 +101,11 @@ def encode(body: dict[str, Any], parsed: Iterable[tuple[str, dict[str, Any] | No
             field=field,
         ) from None
     except ValueError as exc:  # NaN / Infinity in the item's JSON
-        raise errors.invalid_item(f"item JSON cannot be sent: {exc}") from None
+        found = (f for f, value in parsed if value is not None and _has_non_finite(value))
+        field = next(found, "item")
+        raise errors.invalid_item(
+            f"item JSON cannot be sent: {exc} ({field})", field=field
+        ) from None
     except RecursionError:
         raise errors.invalid_item("item JSON nests too deeply to be sent") from None
 
@@ -123,6 +127,15 @@ def json_object(text: str, field: str) -> dict[str, Any]:
             f"{field} must be a JSON object, got {type(value).__name__}", field=field
         )
     return value
+
+
+def _has_non_finite(value: dict[str, Any]) -> bool:
+    # NaN / Infinity: what json.dumps(allow_nan=False) refuses (and a lone surrogate does not).
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return True
+    return False
 
 
 def _has_lone_surrogate(value: dict[str, Any]) -> bool:

@@ -22,7 +22,7 @@ import aiohttp
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors, nemo_gym, validation
-from nemo_gym_grpc.bridge.balancer import Balancer, Replica
+from nemo_gym_grpc.bridge.balancer import Balancer, Replica, SlotTimeout
 from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.v1 import verify_pb2
@@ -247,26 +247,29 @@ class Verifier:
             prefix = nemo_gym.rollout_prefix(call.rollout_id, attempt)
         if call.seed is None and caps.custom_seed:
             self._unseeded(call.name, replica.url)
-        async with replica.use() as queued:
-            cookie = ""
-            opened: nemo_gym.Opened | None = None
-            if call.seed is not None:
-                opened = nemo_gym.open_session(call.rollout_id, attempt)
-                cookie = await self._seed(replica, call, caps, opened, prefix, deadline, queued)
-            try:
-                path, body = nemo_gym.VERIFY_PATH, call.payload
-                reply = await self._post(
-                    replica, path, call, body, cookie, deadline, queued, prefix
-                )
-            except errors.ItemError as exc:
-                sent = not isinstance(exc, (nemo_gym.Refused, _NotSent))
-                _no_reverify(exc, caps, sent)
-                raise
-            finally:
-                if opened is not None and caps.close_session:
-                    close = replica.url + prefix + nemo_gym.CLOSE_PATH
-                    self._closer.later(close, opened, cookie, call.request_id, call.name)
         url = replica.url + prefix + nemo_gym.VERIFY_PATH
+        try:
+            async with replica.use(None if deadline is None else time_left(deadline)) as queued:
+                cookie = ""
+                opened: nemo_gym.Opened | None = None
+                if call.seed is not None:
+                    opened = nemo_gym.open_session(call.rollout_id, attempt)
+                    cookie = await self._seed(replica, call, caps, opened, prefix, deadline, queued)
+                try:
+                    path, body = nemo_gym.VERIFY_PATH, call.payload
+                    reply = await self._post(
+                        replica, path, call, body, cookie, deadline, queued, prefix
+                    )
+                except errors.ItemError as exc:
+                    sent = not isinstance(exc, (nemo_gym.Refused, _NotSent))
+                    _no_reverify(exc, caps, sent)
+                    raise
+                finally:
+                    if opened is not None and caps.close_session:
+                        close = replica.url + prefix + nemo_gym.CLOSE_PATH
+                        self._closer.later(close, opened, cookie, call.request_id, call.name)
+        except SlotTimeout as exc:
+            raise _slot_timeout(url, exc.queued) from None
         try:
             if reply.status != 200:
                 raise errors.http_status_error(reply.status, url, reply.body)
@@ -357,14 +360,7 @@ class Verifier:
             if left < timeout:
                 timeout = left
                 if timeout <= 0:
-                    raise _NotSent(
-                        code_pb2.DEADLINE_EXCEEDED,
-                        errors.UPSTREAM_TIMEOUT,
-                        f"the RPC deadline passed while waiting {queued:.3f} s for a free slot "
-                        f"to {url}",
-                        upstreamUrl=url,
-                        queuedSeconds=f"{queued:.3f}",
-                    )
+                    raise _slot_timeout(url, queued)
         started = time.monotonic()
         try:
             reply = await nemo_gym.post(
@@ -390,6 +386,18 @@ class Verifier:
 
 class _NotSent(errors.ItemError):
     """The call was never sent (the RPC deadline passed before it could start)."""
+
+
+def _slot_timeout(url: str, queued: float) -> _NotSent:
+    """DEADLINE_EXCEEDED / UPSTREAM_TIMEOUT: the RPC deadline (less its margin) passed after
+    `queued` seconds waiting for a free upstream slot, before anything was sent to `url`."""
+    return _NotSent(
+        code_pb2.DEADLINE_EXCEEDED,
+        errors.UPSTREAM_TIMEOUT,
+        f"the RPC deadline passed while waiting {queued:.3f} s for a free slot to {url}",
+        upstreamUrl=url,
+        queuedSeconds=f"{queued:.3f}",
+    )
 
 
 def _no_reverify(exc: errors.ItemError, caps: nemo_gym.Capabilities, sent: bool) -> None:

@@ -115,6 +115,7 @@ def test_nan_and_deep_nesting_are_invalid_items():
     nan = refused(item(row_json='{"x": NaN}'))
     assert nan.reason == errors.INVALID_ITEM
     assert nan.message.startswith("item JSON cannot be sent: ")
+    assert nan.metadata == {"field": "row_json"}
     deep = refused(item(row_json="[" * 100_000 + "]" * 100_000))
     assert deep.reason == errors.INVALID_ITEM and deep.metadata == {"field": "row_json"}
 

@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import yaml
 
+from nemo_gym_grpc.bridge.nemo_gym.http import exact_timeout
+
 GLOBAL_CONFIG_PATH = "/global_config_dict_yaml"
 
 # Hosts a server binds to that are not addresses to call.
@@ -121,7 +123,7 @@ async def global_servers(
         aiohttp.ClientError (a non-200 status included), TimeoutError, ValueError.
     """
     async with session.get(
-        f"{head_url}{GLOBAL_CONFIG_PATH}", timeout=aiohttp.ClientTimeout(total=timeout)
+        f"{head_url}{GLOBAL_CONFIG_PATH}", timeout=exact_timeout(timeout)
     ) as reply:
         reply.raise_for_status()
         body = await reply.read()

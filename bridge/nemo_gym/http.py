@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,14 @@ REQUEST_ID_HEADER = "X-Request-Id"
 
 # Longest X-Request-Id value sent, characters (uvicorn refuses very large header blocks).
 _MAX_REQUEST_ID_HEADER = 200
+
+
+def exact_timeout(seconds: float) -> aiohttp.ClientTimeout:
+    """aiohttp's total timeout of `seconds`, fired at that time: aiohttp otherwise rounds a
+    timeout over 5 s (`ceil_threshold`) up to the event loop's next whole second, up to 1 s
+    late, which would overrun the margin kept back from an RPC deadline
+    (`verifier.time_left`)."""
+    return aiohttp.ClientTimeout(total=seconds, ceil_threshold=math.inf)
 
 
 def request_id_header(request_id: str) -> str:
@@ -89,7 +98,7 @@ async def post(
             url,
             data=body,
             headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout),
+            timeout=exact_timeout(timeout),
             allow_redirects=False,
         ) as reply:
             raw = await reply.read()
@@ -121,8 +130,7 @@ async def answers(session: aiohttp.ClientSession, url: str, timeout: float) -> b
     """True when the resources server at base URL `url` answers its liveness route `GET /`
     with 200 within `timeout` seconds."""
     try:
-        timeout_ = aiohttp.ClientTimeout(total=timeout)
-        async with session.get(f"{url}{LIVENESS_PATH}", timeout=timeout_) as reply:
+        async with session.get(f"{url}{LIVENESS_PATH}", timeout=exact_timeout(timeout)) as reply:
             return reply.status == 200
     except (aiohttp.ClientError, TimeoutError):
         return False

@@ -142,7 +142,10 @@ JUDGE_FAILED = "judge_failed"
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float range: no finite reward
+        return None
     return number if math.isfinite(number) else None
 
 
@@ -245,7 +248,8 @@ def score_reply(
         raise masked_error(reply, url, judge_unavailable)
     reward = _number(reply.get("reward"))
     if reward is None:
-        raise bad_reply(url, f"reply has no finite numeric reward (got {reply.get('reward')!r})")
+        got = f"{reply.get('reward')!r:.100}"
+        raise bad_reply(url, f"reply has no finite numeric reward (got {got})")
     found = reply.get("reward_components") or {}
     if not isinstance(found, dict):
         raise bad_reply(url, "reward_components is not an object")
