@@ -10,6 +10,7 @@ inside `Replica.use()`, so no failure or cancellation can leave them raised.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Iterable
 
@@ -36,6 +37,23 @@ async def acquire_within(semaphore: asyncio.Semaphore, seconds: float) -> bool:
     except asyncio.CancelledError:
         return False
     return True  # acquired before the cancellation took effect
+
+
+if sys.version_info >= (3, 11):
+
+    async def _acquire_in_time(semaphore: asyncio.Semaphore, seconds: float) -> bool:
+        """`acquire_within` at the cost of one timer (no extra task): this runs for every item
+        that queues for a replica's slot. Semaphore.acquire gives back a slot it got just as
+        the timeout cancelled it."""
+        try:
+            async with asyncio.timeout(max(seconds, 0.0)):
+                await semaphore.acquire()
+        except TimeoutError:
+            return False
+        return True
+
+else:  # Python 3.10: no asyncio.timeout
+    _acquire_in_time = acquire_within
 
 
 class SlotTimeout(Exception):
@@ -101,7 +119,7 @@ class _Slot:
         try:
             if self._wait is None or not replica._slots.locked():
                 await replica._slots.acquire()
-            elif not await acquire_within(replica._slots, self._wait):
+            elif not await _acquire_in_time(replica._slots, self._wait):
                 raise SlotTimeout(time.monotonic() - queued_at)
         finally:
             replica.waiting -= 1
