@@ -3,7 +3,7 @@ fan-out against one zero-work upstream, in a rotated order every round: CPU per 
 items/s, and ratios taken within each round (docs/performance.md's method).
 
     .venv/bin/python benchmarks/experiments/side_by_side.py \\
-        --bridge main=/work/main/.venv/bin/python --bridge swap=.venv/bin/python --rounds 5
+        --bridge before=../before/.venv/bin/python --bridge after=.venv/bin/python --rounds 5
 
 Each bridge is `<python> -m nemo_gym_grpc.bridge serve --workers 1 --server mcqa=<upstream>`,
 started and stopped by PID; its CPU is read with psutil around each run of `--items` items
