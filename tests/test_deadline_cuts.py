@@ -16,14 +16,13 @@ import pytest
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.config import BridgeConfig
-from nemo_gym_grpc.bridge.metrics import Metrics
 from nemo_gym_grpc.bridge.nemo_gym import read_verify_reply
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.bridge.verifier import Verifier
 from nemo_gym_grpc.v1 import verify_pb2
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.items import error_info as info
+from tests.support.verifiers import verifier_for
 
 
 @pytest.fixture(scope="module")
@@ -32,20 +31,6 @@ def hanging():
     with FaultProxy(None) as running:
         running.set_faults(Fault("hang"))
         yield running
-
-
-def verifier_for(session: aiohttp.ClientSession, url: str, max_in_flight: int) -> Verifier:
-    config = BridgeConfig()
-    return Verifier(
-        Upstreams({"slow": url}, None, session),
-        session,
-        default_timeout=config.verify_timeout,
-        max_in_flight=max_in_flight,
-        retry=config.retry,
-        max_item_bytes=config.max_item_bytes,
-        session_servers=config.session_servers,
-        metrics=Metrics(),
-    )
 
 
 def item(request_id: str, timeout_seconds: float = 0.0) -> verify_pb2.VerifyRequest:
@@ -69,7 +54,9 @@ async def test_items_in_flight_at_a_long_deadline_get_their_timeout_before_it(ha
     now = time.monotonic()
     deadlines = [now + 5.5, now + 6.25, now + 7.0]
     async with aiohttp.ClientSession() as session:
-        verifier = verifier_for(session, hanging.url, max_in_flight=8)
+        verifier = verifier_for(
+            Upstreams({"slow": hanging.url}, None, session), session, max_in_flight=8
+        )
         outcomes = await asyncio.gather(
             *(answered_at(verifier, item(f"long-{i}"), d) for i, d in enumerate(deadlines))
         )
@@ -85,7 +72,9 @@ async def test_an_item_waiting_for_a_slot_fails_at_its_deadline_not_when_the_slo
     hanging,
 ):
     async with aiohttp.ClientSession() as session:
-        verifier = verifier_for(session, hanging.url, max_in_flight=1)
+        verifier = verifier_for(
+            Upstreams({"slow": hanging.url}, None, session), session, max_in_flight=1
+        )
         holder = asyncio.ensure_future(answered_at(verifier, item("holder", 4.0), None))
         await asyncio.sleep(0.3)  # the holder has the only slot
         deadline = time.monotonic() + 1.0

@@ -23,16 +23,16 @@ import requests
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge.config import BridgeConfig
-from nemo_gym_grpc.bridge.metrics import Metrics
 from nemo_gym_grpc.bridge.nemo_gym import completion_response
 from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.bridge.verifier import RetryPolicy, Verifier
+from nemo_gym_grpc.bridge.verifier import RetryPolicy
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port, start_bridge
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.items import Outcome, mcqa_row, scored, stream
 from tests.support.items import error_info as info
 from tests.support.items import mcqa_item as item
+from tests.support.verifiers import verifier_for
 
 MiB = 1024 * 1024
 MAX_ITEM_BYTES = BridgeConfig().max_item_bytes
@@ -646,20 +646,6 @@ def test_10000_items_against_a_slow_upstream_keep_the_bridge_memory_bounded(scri
 
 
 # --- retry budget and queueing (in-process Verifier, real HTTP) ----------------------------
-
-
-def verifier_for(upstreams: Upstreams, session: aiohttp.ClientSession, **settings) -> Verifier:
-    """An in-process Verifier with the bridge's default settings, except `settings`."""
-    config = BridgeConfig()
-    defaults = dict(
-        default_timeout=config.verify_timeout,
-        max_in_flight=config.max_in_flight,
-        retry=config.retry,
-        max_item_bytes=config.max_item_bytes,
-        session_servers=config.session_servers,
-        metrics=Metrics(),
-    )
-    return Verifier(upstreams, session, **(defaults | settings))
 
 
 async def test_the_retry_budget_bounds_attempts_and_time():

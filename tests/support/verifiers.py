@@ -1,0 +1,27 @@
+"""An in-process `Verifier` for tests that drive the bridge's item path without a gRPC server
+(real HTTP to whatever `upstreams` name)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from nemo_gym_grpc.bridge.config import BridgeConfig
+from nemo_gym_grpc.bridge.metrics import Metrics
+from nemo_gym_grpc.bridge.upstreams import Upstreams
+from nemo_gym_grpc.bridge.verifier import Verifier
+
+
+def verifier_for(upstreams: Upstreams, session: aiohttp.ClientSession, **settings: Any) -> Verifier:
+    """A Verifier with the bridge's default settings, except `settings` (Verifier's keywords)."""
+    config = BridgeConfig()
+    defaults = dict(
+        default_timeout=config.verify_timeout,
+        max_in_flight=config.max_in_flight,
+        retry=config.retry,
+        max_item_bytes=config.max_item_bytes,
+        session_servers=config.session_servers,
+        metrics=Metrics(),
+    )
+    return Verifier(upstreams, session, **(defaults | settings))
