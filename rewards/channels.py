@@ -6,6 +6,8 @@ addresses spreads calls over all of them and skips those that refuse connections
 (`ipv4:10.0.0.1:50051,10.0.0.2:50051`) or a DNS name with several records
 (`dns:///bridge.ns.svc.cluster.local:50051`, e.g. a Kubernetes headless Service). One call
 (one batch's `VerifyStream` or `RunStream`) goes to one bridge; successive calls rotate.
+The target `ray:` (`ray_target.py`) is resolved to the Ray cluster's bridges, own node first,
+on a `pick_first` channel instead.
 
 Sync calls share one channel per target (and TLS files) per process (`shared`); a forked child
 sets its parent's aside and makes its own (gRPC state does not survive fork). A `grpc.aio`
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from nemo_gym_grpc.rewards import ray_target
 from nemo_gym_grpc.rewards.per_process import PerProcess
 from nemo_gym_grpc.v1 import rollout_pb2_grpc, verify_pb2_grpc
 
@@ -37,6 +40,16 @@ CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_reconnect_backoff_ms", 5000),
     ("grpc.service_config", ROUND_ROBIN),
 ]
+# For `ray:`: the first address that connects (the node's own bridge while it is up).
+PICK_FIRST_OPTIONS = [*CHANNEL_OPTIONS[:-1], ("grpc.service_config", ray_target.PICK_FIRST)]
+
+
+def dial(target: str) -> tuple[str, list[tuple[str, int | str]]]:
+    """The gRPC target and channel options for `target`: `ray:` resolved
+    (`ray_target.resolve`) with PICK_FIRST_OPTIONS, any other as it is with CHANNEL_OPTIONS."""
+    if ray_target.is_ray(target):
+        return ray_target.resolve(target), PICK_FIRST_OPTIONS
+    return target, CHANNEL_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -117,10 +130,11 @@ class Channel:
 
 def aio_channel(target: str, security: Security = PLAINTEXT) -> grpc.aio.Channel:
     """A new `grpc.aio` channel on the running event loop, with `security`'s credentials."""
+    target, options = dial(target)
     credentials = security.credentials()
     if credentials is None:
-        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-    return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, credentials, options=options)
 
 
 _shared: PerProcess[tuple[str, bytes | None, bytes | None, bytes | None], Channel] = PerProcess()
@@ -132,15 +146,16 @@ def shared(target: str, security: Security = PLAINTEXT) -> Channel:
     Thread-safe; one per (target, CA, client certificate, client key); the token is not part
     of the key (it travels per call).
     """
+    target, options = dial(target)
     key = (target, security.ca, security.client_cert, security.client_key)
     with _shared.lock:
         channel = _shared.entries.get(key)
         if channel is None:
             credentials = security.credentials()
             if credentials is None:
-                raw = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+                raw = grpc.insecure_channel(target, options=options)
             else:
-                raw = grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+                raw = grpc.secure_channel(target, credentials, options=options)
             channel = _shared.entries[key] = Channel(
                 raw,
                 verify_pb2_grpc.VerifyServiceStub(raw),

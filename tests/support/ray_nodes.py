@@ -1,0 +1,131 @@
+"""A Ray cluster with one node per test host (tests/support/hosts.py): a real multi-node Ray.
+
+    with Hosts(3) as hosts, RayNodes(hosts, workdir) as cluster:
+        cluster.address                         # "10.213.7.1:6390", the head's GCS
+        cluster.driver(["script.py", ...])      # a Ray driver run on the head host
+
+Every node is `ray start --block` inside its host, with that host's address as its node IP, its
+own --temp-dir (the hosts share the file system), no dashboard, `--num-cpus` CPUs and a small
+object store; the head on hosts[0]. Each node advertises and binds its host's addresses only,
+so the network rule holds (tests/support/listeners.py). Token authentication is off for the
+test cluster (env RAY_AUTH_MODE=disabled for every node and driver): Ray 2.60 turns it on when
+~/.ray/auth_token exists, and a node without the token would be refused. `stop()` is the
+hosts' (it ends everything inside them).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tests.support.errors import NemoGymError
+from tests.support.hosts import Host, Hosts
+from tests.support.procs import tail
+from tests.support.stack import offline_env
+
+REPO = Path(__file__).resolve().parents[2]
+GCS_PORT = 6390
+OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB; the tests move little data
+# Prints the number of alive nodes of the cluster at RAY_ADDRESS.
+_COUNT_NODES = "import ray; ray.init(); print(sum(n['Alive'] for n in ray.nodes()))"
+
+
+def ray_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of every node and driver: offline, no usage stats, no token auth, the
+    repository on PYTHONPATH (drivers define callers in tests/ modules, which workers import)."""
+    env = offline_env(base)
+    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), RAY_DEDUP_LOGS="0")
+    return env
+
+
+class RayNodes:
+    """One Ray node per host of `hosts` (module docstring); `python` is the interpreter of
+    every node (its venv's `ray` script starts them), `cpus` each node's CPUs."""
+
+    def __init__(
+        self, hosts: Hosts, workdir: Path, *, python: str = sys.executable, cpus: int = 1
+    ) -> None:
+        self.hosts = hosts
+        self.workdir = Path(workdir)
+        self.python = python
+        self.cpus = cpus
+        self.address = f"{hosts[0].address}:{GCS_PORT}"
+        self.started: list[Host] = []
+        self.startup_seconds: float | None = None
+
+    def __enter__(self) -> RayNodes:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.hosts.stop()
+
+    def _ray(self) -> str:
+        return str(Path(self.python).parent / "ray")
+
+    def log(self, host: Host) -> Path:
+        """The `ray start` output of `host`'s node."""
+        return self.workdir / f"ray-{host.name}.log"
+
+    def start(self, timeout: float = 120.0) -> RayNodes:
+        """Start the head, then the other nodes; wait until every node is alive."""
+        began = time.monotonic()
+        for host in self.hosts.hosts:
+            self.start_node(host)
+        deadline = began + timeout
+        want = str(len(self.hosts))
+        while True:
+            out = self.driver(["-c", _COUNT_NODES], timeout=max(5.0, deadline - time.monotonic()))
+            if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [want]:
+                break
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"{h.name}:\n{tail(self.log(h), 20)}" for h in self.started)
+                raise NemoGymError(f"Ray nodes not all alive: {out.stdout}{out.stderr}\n{logs}")
+            time.sleep(1.0)
+        self.startup_seconds = round(time.monotonic() - began, 2)
+        return self
+
+    def start_node(self, host: Host) -> subprocess.Popen[bytes]:
+        """`ray start --block` inside `host`: the head on hosts[0], else a node joining it."""
+        temp = self.workdir / f"ray-{host.index}"
+        temp.mkdir(parents=True, exist_ok=True)
+        argv = [self._ray(), "start", "--block", f"--node-ip-address={host.address}"]
+        argv += [f"--temp-dir={temp}", f"--num-cpus={self.cpus}", "--disable-usage-stats"]
+        argv += [f"--object-store-memory={OBJECT_STORE_BYTES}"]
+        if host.index == 0:
+            argv += ["--head", f"--port={GCS_PORT}", "--include-dashboard=false"]
+        else:
+            argv += [f"--address={self.address}"]
+        proc = self.hosts.spawn(host, argv, log=self.log(host), env=ray_env())
+        self.started.append(host)
+        return proc
+
+    def driver(
+        self,
+        args: Sequence[str],
+        *,
+        host: Host | None = None,
+        timeout: float = 600.0,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """`python ARGS` inside `host` (default the head's) with RAY_ADDRESS set to the cluster,
+        run to the end; output captured."""
+        full = ray_env()
+        full.update(RAY_ADDRESS=self.address, **(env or {}))
+        return self.hosts.run(
+            host or self.hosts[0], [self.python, *args], timeout=timeout, env=full
+        )
+
+    def node_pids(self) -> dict[str, list[int]]:
+        """{host name: pids inside it} (Ray's daemons and workers, and whatever else runs)."""
+        return {h.name: [p for p in self.hosts.pids() if _in(p, h.name)] for h in self.started}
+
+
+def _in(pid: int, namespace: str) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{namespace}").st_ino
+    except OSError:
+        return False

@@ -1,0 +1,172 @@
+"""Across machines on Ray, for real: three network namespaces made by the test (hosts with their
+own addresses on a link of their own, tests/support/hosts.py), a Ray node in each
+(tests/support/ray_nodes.py), NeMo Gym 0.7's mcqa behind its head server on host 1 (ng_run
+inside that host, bound to its address), the fleet (`nemo_gym_grpc.bridge.ray`: a bridge actor
+per node) and trainer-side callers as Ray actors on every node, each scoring through
+`create_nemo_gym_reward_fn(..., target="ray:")` (tests/ray_fleet_run.py drives them).
+
+Needs root (network namespaces); CI runs as root, and there a missing capability fails the
+module instead of skipping it. The numbers of the throughput curve go to
+build/ray_fleet_results.json (docs/performance.md quotes a run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.hosts import Hosts, HostsUnavailable
+from tests.support.listeners import stray_sockets
+from tests.support.ray_nodes import REPO, RayNodes
+from tests.support.stack import NemoGymServers
+
+pytestmark = pytest.mark.nemo_gym
+
+TOKEN = "ray-fleet-test-token"
+RESULTS = REPO / "build" / "ray_fleet_results.json"
+
+
+class Fleet:
+    """The module's cluster: hosts, Ray nodes, the NeMo Gym stack and the bridges' flags."""
+
+    def __init__(self, hosts: Hosts, cluster: RayNodes, gym: NemoGymServers, workdir: Path):
+        self.hosts, self.cluster, self.gym = hosts, cluster, gym
+        self.addresses = [h.address for h in hosts.hosts]
+        token = workdir / "token"
+        token.write_text(TOKEN + "\n")
+        self.serve_args = ["--head-url", gym.head_url, "--token-file", str(token)]
+        self.serve_args += ["--metrics-port", "9464", "--metrics-host", "0.0.0.0"]
+        self.workdir = workdir
+
+    def start(self, on: list[str] | None = None) -> dict[str, Any]:
+        """A `start` step: bridges on the hosts `on` (default all)."""
+        return {"do": "start", "serve_args": self.serve_args, "on": on or self.addresses}
+
+    def score(self, size: int = 200, batches: int = 2, **extra: Any) -> dict[str, Any]:
+        """A `score` step: callers on every host."""
+        return {"do": "score", "size": size, "batches": batches, "on": self.addresses, **extra}
+
+    def run(self, *steps: dict[str, Any]) -> list[dict[str, Any]]:
+        """Run tests/ray_fleet_run.py with `steps` on the head host; its results."""
+        spec = self.workdir / "steps.json"
+        spec.write_text(json.dumps(list(steps)))
+        out = self.cluster.driver(
+            [str(REPO / "tests" / "ray_fleet_run.py"), str(spec)],
+            env={"NEMO_GYM_GRPC_TOKEN": TOKEN},
+        )
+        assert out.returncode == 0, f"driver failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}"
+        results: list[dict[str, Any]] = json.loads(out.stdout.strip().splitlines()[-1])
+        return results
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    workdir = tmp_path_factory.mktemp("ray_fleet")
+    try:
+        hosts = Hosts(3).start()
+    except HostsUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"multi-host test cannot run: {exc}", pytrace=False)
+        pytest.skip(str(exc))
+    try:
+        cluster = RayNodes(hosts, workdir, cpus=2).start()
+        gym = NemoGymServers(("mcqa",), host=hosts[1].address, netns=hosts[1].name)
+        gym.start()
+        try:
+            yield Fleet(hosts, cluster, gym, workdir)
+        finally:
+            gym.stop()
+    finally:
+        hosts.stop()
+
+
+def _listeners(fleet: Fleet, port: int) -> dict[str, list[str]]:
+    """{host address: local addresses listening on `port` inside that host}."""
+    found = {}
+    for host in fleet.hosts.hosts:
+        out = fleet.hosts.run(host, ["ss", "-Htln", "sport", "=", str(port)]).stdout
+        found[host.address] = [line.split()[3] for line in out.splitlines()]
+    return found
+
+
+def test_each_callers_items_go_to_its_own_nodes_bridge(fleet: Fleet) -> None:
+    table, scored = fleet.run(fleet.start(), fleet.score())
+    assert sorted(e["address"] for e in table.values()) == sorted(fleet.addresses)
+    assert {e["target"] for e in table.values()} == {f"{a}:50051" for a in fleet.addresses}
+    for caller in scored["callers"]:
+        assert caller["as_expected"] and caller["none"] == 0, caller
+        assert scored["bridges"][caller["address"]] == caller["items"]  # its own node's bridge
+    # every bridge listens on its own host's address only; nothing of the test's beyond
+    # loopback in the machine's own namespace
+    for address, local in _listeners(fleet, 50051).items():
+        assert [a.replace("[::ffff:", "").replace("]", "") for a in local] == [f"{address}:50051"]
+    assert stray_sockets() == []
+
+
+def test_items_per_second_with_1_2_and_3_bridge_nodes(fleet: Fleet) -> None:
+    curve = {}
+    for count in (1, 2, 3):
+        on = fleet.addresses[:count]
+        _, _, scored = fleet.run({"do": "stop"}, fleet.start(on), fleet.score(256, 4))
+        for caller in scored["callers"]:
+            assert caller["as_expected"], caller
+        assert {a for a, n in scored["bridges"].items() if n} == set(on)
+        assert sum(scored["bridges"].values()) == 3 * 256 * 4
+        curve[count] = round(scored["items_per_second"], 1)
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps({"items_per_second_by_bridge_nodes": curve}, indent=2))
+    print(f"items/s with 1, 2, 3 bridge nodes (3 callers, 2 shared cores): {curve}")
+
+
+def test_a_bridge_actor_sigkilled_mid_batch_every_item_one_outcome_then_ray_restarts_it(
+    fleet: Fleet,
+) -> None:
+    victim = fleet.addresses[1]
+    kill = fleet.score(2000, 1, do="kill", address=victim, after=300)
+    _, killed, restarted, later = fleet.run(
+        fleet.start(), kill, {"do": "wait_restart", "address": victim}, fleet.score()
+    )
+    assert 300 <= killed["answered_before_kill"] < 2000  # mid-batch
+    for caller in killed["callers"]:
+        assert caller["items"] == 2000 and caller["wrong"] == 0, caller
+        assert caller["as_expected"], caller  # every item scored (redispatched)
+    assert restarted["restarted"] and restarted["actor_pid"] != killed["killed"]
+    assert restarted["target"] == f"{victim}:50051"
+    for caller in later["callers"]:
+        assert caller["as_expected"], caller
+        assert later["bridges"][caller["address"]] == caller["items"]  # the restarted one too
+
+
+def test_a_nodes_bridge_gone_its_callers_fall_back_to_another_nodes(fleet: Fleet) -> None:
+    gone = fleet.addresses[2]
+    _, dropped, scored, _ = fleet.run(
+        fleet.start(), {"do": "drop", "address": gone}, fleet.score(), fleet.start()
+    )
+    assert dropped["killed"]
+    for caller in scored["callers"]:
+        assert caller["as_expected"] and caller["none"] == 0, caller
+    assert scored["bridges"][gone] == 0  # no bridge answers there
+    others = {a: n for a, n in scored["bridges"].items() if a != gone}
+    assert sum(others.values()) == 3 * 400  # the fallen-back caller's items went to another
+
+
+def test_the_fleet_command_line_starts_lists_and_stops_bridges(fleet: Fleet) -> None:
+    module = ["-m", "nemo_gym_grpc.bridge.ray"]
+    stopped = fleet.cluster.driver([*module, "stop", "--grace", "5"])
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    started = fleet.cluster.driver([*module, "start", "--", *fleet.serve_args])
+    assert started.returncode == 0, started.stderr[-3000:]
+    table = json.loads(started.stdout)
+    assert sorted(e["address"] for e in table.values()) == sorted(fleet.addresses)
+    status = fleet.cluster.driver([*module, "status"])
+    assert json.loads(status.stdout) == table
+    bad = fleet.cluster.driver([*module, "start", "--", "--listen", "0.0.0.0:1"])
+    assert bad.returncode == 2 and "the fleet sets --listen" in bad.stderr
+    stopped = fleet.cluster.driver([*module, "stop", "--grace", "5"])
+    assert stopped.stdout.strip().endswith("stopped 3 bridges")
+    assert all(not local for local in _listeners(fleet, 50051).values())
