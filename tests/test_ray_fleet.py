@@ -18,8 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
+from tests.stacks_common import VERL_PYTHON, answers, export_examples
+from tests.support import ensure_venv
 from tests.support.hosts import Hosts, HostsUnavailable
 from tests.support.listeners import stray_sockets
 from tests.support.ray_nodes import REPO, RayNodes
@@ -53,15 +56,20 @@ class Fleet:
 
     def run(self, *steps: dict[str, Any]) -> list[dict[str, Any]]:
         """Run tests/ray_fleet_run.py with `steps` on the head host; its results."""
-        spec = self.workdir / "steps.json"
-        spec.write_text(json.dumps(list(steps)))
+        result: list[dict[str, Any]] = self.drive("ray_fleet_run.py", list(steps))
+        return result
+
+    def drive(self, script: str, spec: Any, python: str | None = None) -> Any:
+        """tests/<script> SPEC.json run on the head host; the JSON it printed last."""
+        path = self.workdir / "spec.json"
+        path.write_text(json.dumps(spec))
         out = self.cluster.driver(
-            [str(REPO / "tests" / "ray_fleet_run.py"), str(spec)],
+            [str(REPO / "tests" / script), str(path)],
             env={"NEMO_GYM_GRPC_TOKEN": TOKEN},
+            python=python,
         )
         assert out.returncode == 0, f"driver failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}"
-        results: list[dict[str, Any]] = json.loads(out.stdout.strip().splitlines()[-1])
-        return results
+        return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +81,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         if os.environ.get("CI"):
             pytest.fail(f"multi-host test cannot run: {exc}", pytrace=False)
         pytest.skip(str(exc))
+    cluster = RayNodes(hosts, workdir, cpus=2)
     try:
-        cluster = RayNodes(hosts, workdir, cpus=2).start()
+        cluster.start()
         gym = NemoGymServers(("mcqa",), host=hosts[1].address, netns=hosts[1].name)
         gym.start()
         try:
@@ -82,7 +91,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         finally:
             gym.stop()
     finally:
-        hosts.stop()
+        cluster.stop()
 
 
 def _listeners(fleet: Fleet, port: int) -> dict[str, list[str]]:
@@ -170,3 +179,28 @@ def test_the_fleet_command_line_starts_lists_and_stops_bridges(fleet: Fleet) -> 
     stopped = fleet.cluster.driver([*module, "stop", "--grace", "5"])
     assert stopped.stdout.strip().endswith("stopped 3 bridges")
     assert all(not local for local in _listeners(fleet, 50051).values())
+
+
+@pytest.mark.parametrize("mode", ["naive", "manager"])
+def test_verls_own_ray_reward_loop_scores_through_each_workers_node_bridge(
+    fleet: Fleet, mode: str
+) -> None:
+    if not VERL_PYTHON.exists():
+        pytest.fail(f"{VERL_PYTHON} missing: `make dev` builds it (verl 0.9.1)", pytrace=False)
+    parquet = export_examples(ensure_venv(), fleet.workdir, "verl")["mcqa"]
+    rows = pd.read_parquet(parquet)
+    items, expected = [], []
+    for index in range(30):
+        record = rows.iloc[index % len(rows)]
+        right, wrong = answers("mcqa", json.loads(record["extra_info"]["nemo_gym_row"]))
+        items.append({"row": index % len(rows), "completion": right if index % 2 else wrong})
+        expected.append(1.0 if index % 2 else 0.0)
+    fleet.run(fleet.start())
+    env = {"NEMO_GYM_GRPC_TARGET": "ray:", "NEMO_GYM_GRPC_TOKEN": TOKEN}
+    spec = {"parquet": str(parquet), "mode": mode, "items": items, "workers": 3, "env": env}
+    result = fleet.drive("verl_ray_run.py", spec, python=str(VERL_PYTHON))
+    assert result["scores"] == expected and result["rm_scores_sum"] == expected
+    # verl placed a worker on every node; each worker's chunk went to its own node's bridge
+    assert sorted(result["worker_nodes"]) == sorted(fleet.addresses)
+    by_node = dict(zip(result["worker_nodes"], result["chunks"], strict=True))
+    assert result["bridges"] == by_node

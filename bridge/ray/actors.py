@@ -86,7 +86,7 @@ class BridgeActor:
     ) -> None:
         context = ray.get_runtime_context()
         self.node_id = context.get_node_id()
-        self.address = ray.util.get_node_ip_address()
+        self.address: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         self.target = f"{self.address}:{port}"
         self.registry = (registry, namespace)
         self.restarted = context.was_current_actor_reconstructed
@@ -174,7 +174,7 @@ class BridgeActor:
 
     def _register(self, wait: bool = True) -> None:
         registry = ray.get_actor(self.registry[0], namespace=self.registry[1])
-        ref = registry.register.remote(self.node_id, self.entry())
+        ref: Any = registry.register.remote(self.node_id, self.entry())
         if wait:
             ray.get(ref, timeout=60)
 

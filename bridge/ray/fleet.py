@@ -84,9 +84,9 @@ def start_bridges(
         ray.exceptions.RayActorError: a bridge did not start (its output in the message).
     """
     _check_flags(serve_args)
-    registry = _registry()
+    _registry()
     pending = []
-    for node in ray.nodes():
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
         node_id = node["NodeID"]
         if not node["Alive"] or (nodes is not None and node_id not in nodes):
             continue
@@ -100,14 +100,13 @@ def start_bridges(
             max_task_retries=-1 if max_restarts else 0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         )
-        handle = actor.remote(
+        handle: Any = actor.remote(
             list(serve_args), port, max(1, int(cpus)), REGISTRY_NAME, NAMESPACE, startup_timeout
         )
         pending.append(handle.entry.remote())
-    entries = ray.get(pending)
+    entries: list[dict[str, Any]] = ray.get(pending)
     log.info("bridges: %s", ", ".join(e["target"] for e in entries))
-    table: dict[str, dict[str, Any]] = ray.get(registry.table.remote())
-    return table
+    return bridge_table()
 
 
 def bridge_table() -> dict[str, dict[str, Any]]:
@@ -116,8 +115,8 @@ def bridge_table() -> dict[str, dict[str, Any]]:
         registry = ray.get_actor(REGISTRY_NAME, namespace=NAMESPACE)
     except ValueError:
         return {}
-    table: dict[str, dict[str, Any]] = ray.get(registry.table.remote())
-    return table
+    table: Any = ray.get(registry.table.remote())
+    return dict(table)
 
 
 def stop_bridges(grace: float = 30.0) -> int:

@@ -5,19 +5,21 @@
         cluster.driver(["script.py", ...])      # a Ray driver run on the head host
 
 Every node is `ray start --block` inside its host, with that host's address as its node IP, its
-own --temp-dir (the hosts share the file system), no dashboard, `--num-cpus` CPUs and a small
-object store; the head on hosts[0]. Each node advertises and binds its host's addresses only,
-so the network rule holds (tests/support/listeners.py). Token authentication is off for the
-test cluster (env RAY_AUTH_MODE=disabled for every node and driver): Ray 2.60 turns it on when
-~/.ray/auth_token exists, and a node without the token would be refused. `stop()` is the
-hosts' (it ends everything inside them).
+own --temp-dir (the hosts share the file system; all under one short folder in /tmp, since
+Ray's sockets need short paths), no dashboard, `--num-cpus` CPUs and a small object store; the
+head on hosts[0]. Each node advertises and binds its host's addresses only, so the network rule
+holds (tests/support/listeners.py). Token authentication is off for the test cluster (env
+RAY_AUTH_MODE=disabled for every node and driver): Ray 2.60 turns it on when
+~/.ray/auth_token exists, and a node without the token would be refused. `stop()` ends the
+hosts (so everything inside them) and removes that folder.
 """
 
 from __future__ import annotations
 
-import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,6 +32,7 @@ from tests.support.stack import offline_env
 REPO = Path(__file__).resolve().parents[2]
 GCS_PORT = 6390
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB; the tests move little data
+STARTED = b"Ray runtime started."  # what `ray start` prints once its node runs
 # Prints the number of alive nodes of the cluster at RAY_ADDRESS.
 _COUNT_NODES = "import ray; ray.init(); print(sum(n['Alive'] for n in ray.nodes()))"
 
@@ -54,6 +57,8 @@ class RayNodes:
         self.python = python
         self.cpus = cpus
         self.address = f"{hosts[0].address}:{GCS_PORT}"
+        # Ray's session folders hold AF_UNIX sockets (paths of at most 107 bytes): a short root
+        self.temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
         self.started: list[Host] = []
         self.startup_seconds: float | None = None
 
@@ -61,7 +66,12 @@ class RayNodes:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """End the hosts (and so every node), remove the nodes' session folders."""
         self.hosts.stop()
+        shutil.rmtree(self.temp, ignore_errors=True)
 
     def _ray(self) -> str:
         return str(Path(self.python).parent / "ray")
@@ -73,24 +83,41 @@ class RayNodes:
     def start(self, timeout: float = 120.0) -> RayNodes:
         """Start the head, then the other nodes; wait until every node is alive."""
         began = time.monotonic()
-        for host in self.hosts.hosts:
-            self.start_node(host)
         deadline = began + timeout
+        head, *others = self.hosts.hosts
+        self._wait_started([(head, self.start_node(head))], deadline)
+        self._wait_started([(h, self.start_node(h)) for h in others], deadline)
         want = str(len(self.hosts))
         while True:
-            out = self.driver(["-c", _COUNT_NODES], timeout=max(5.0, deadline - time.monotonic()))
+            left = max(5.0, deadline - time.monotonic())
+            out = self.driver(["-c", _COUNT_NODES], timeout=min(60.0, left))
             if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [want]:
                 break
             if time.monotonic() > deadline:
-                logs = "\n".join(f"{h.name}:\n{tail(self.log(h), 20)}" for h in self.started)
-                raise NemoGymError(f"Ray nodes not all alive: {out.stdout}{out.stderr}\n{logs}")
+                raise NemoGymError(
+                    f"Ray nodes not all alive: {out.stdout}{out.stderr}\n{self._logs()}"
+                )
             time.sleep(1.0)
         self.startup_seconds = round(time.monotonic() - began, 2)
         return self
 
+    def _logs(self) -> str:
+        return "\n".join(f"{h.name}:\n{tail(self.log(h), 20)}" for h in self.started)
+
+    def _wait_started(
+        self, nodes: list[tuple[Host, subprocess.Popen[bytes]]], deadline: float
+    ) -> None:
+        """Until each node's `ray start` says it started (NemoGymError if one exits first or
+        the deadline passes)."""
+        for host, proc in nodes:
+            while STARTED not in self.log(host).read_bytes():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise NemoGymError(f"Ray node on {host.name} did not start:\n{self._logs()}")
+                time.sleep(0.2)
+
     def start_node(self, host: Host) -> subprocess.Popen[bytes]:
         """`ray start --block` inside `host`: the head on hosts[0], else a node joining it."""
-        temp = self.workdir / f"ray-{host.index}"
+        temp = self.temp / str(host.index)
         temp.mkdir(parents=True, exist_ok=True)
         argv = [self._ray(), "start", "--block", f"--node-ip-address={host.address}"]
         argv += [f"--temp-dir={temp}", f"--num-cpus={self.cpus}", "--disable-usage-stats"]
@@ -110,22 +137,12 @@ class RayNodes:
         host: Host | None = None,
         timeout: float = 600.0,
         env: Mapping[str, str] | None = None,
+        python: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """`python ARGS` inside `host` (default the head's) with RAY_ADDRESS set to the cluster,
-        run to the end; output captured."""
+        run to the end; output captured. `python` defaults to the nodes' interpreter (another
+        one needs the same Python and Ray versions: Ray's rule)."""
         full = ray_env()
         full.update(RAY_ADDRESS=self.address, **(env or {}))
-        return self.hosts.run(
-            host or self.hosts[0], [self.python, *args], timeout=timeout, env=full
-        )
-
-    def node_pids(self) -> dict[str, list[int]]:
-        """{host name: pids inside it} (Ray's daemons and workers, and whatever else runs)."""
-        return {h.name: [p for p in self.hosts.pids() if _in(p, h.name)] for h in self.started}
-
-
-def _in(pid: int, namespace: str) -> bool:
-    try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{namespace}").st_ino
-    except OSError:
-        return False
+        argv = [python or self.python, *args]
+        return self.hosts.run(host or self.hosts[0], argv, timeout=timeout, env=full)

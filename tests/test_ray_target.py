@@ -1,0 +1,80 @@
+"""The target `ray:` without a cluster: the order of the bridges (own node first, then a
+rotation), the gRPC target built from them, the pick_first channel, the names the two sides
+share, and the fleet's refusal of flags it sets itself. The cluster itself:
+tests/test_ray_fleet.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nemo_gym_grpc.bridge.ray import fleet
+from nemo_gym_grpc.rewards import channels, ray_target
+
+TABLE = {node: {"target": f"10.0.0.{i}:50051"} for i, node in enumerate("abcd", start=1)}
+
+
+@pytest.mark.parametrize(
+    ("own", "expected"),
+    [
+        ("a", [1, 2, 3, 4]),
+        ("c", [3, 4, 1, 2]),
+        ("d", [4, 1, 2, 3]),
+        ("bb", [3, 4, 1, 2]),  # a node without a bridge: the rotation starts after it
+        ("z", [1, 2, 3, 4]),
+    ],
+)
+def test_the_own_nodes_bridge_comes_first_then_the_others_in_rotation(own, expected):
+    assert ray_target.order(TABLE, own) == [f"10.0.0.{i}:50051" for i in expected]
+
+
+def test_the_grpc_target_lists_every_bridge_in_one_family():
+    assert ray_target.grpc_target(["10.0.0.2:1", "10.0.0.1:1"]) == "ipv4:10.0.0.2:1,10.0.0.1:1"
+    assert ray_target.grpc_target(["fd00::2:7", "[fd00::1]:7"]) == "ipv6:[fd00::2]:7,[fd00::1]:7"
+    with pytest.raises(ValueError, match="both IPv4 and IPv6"):
+        ray_target.grpc_target(["10.0.0.1:1", "fd00::1:1"])
+    with pytest.raises(ValueError, match="has no bridges"):
+        ray_target.grpc_target([])
+
+
+def test_only_ray_colon_is_the_ray_form_and_other_targets_pass_through():
+    assert ray_target.is_ray("ray:") and ray_target.is_ray(" ray: ")
+    assert not ray_target.is_ray("ray:10.0.0.1:6379") and not ray_target.is_ray(None)
+    assert ray_target.resolve("ipv4:10.0.0.1:1,10.0.0.2:1") == "ipv4:10.0.0.1:1,10.0.0.2:1"
+    assert channels.dial("127.0.0.1:1") == ("127.0.0.1:1", channels.CHANNEL_OPTIONS)
+
+
+def test_a_ray_target_dials_with_pick_first_and_the_other_options_unchanged(monkeypatch):
+    monkeypatch.setattr(ray_target, "resolve", lambda target: "ipv4:10.0.0.3:1,10.0.0.1:1")
+    target, options = channels.dial("ray:")
+    assert target == "ipv4:10.0.0.3:1,10.0.0.1:1"
+    config = json.loads(dict(options)["grpc.service_config"])
+    assert config == {"loadBalancingConfig": [{"pick_first": {}}]}
+    assert [o for o in options if o[0] != "grpc.service_config"] == [
+        o for o in channels.CHANNEL_OPTIONS if o[0] != "grpc.service_config"
+    ]
+
+
+def test_both_sides_name_the_fleets_ray_namespace_and_registry_alike():
+    assert (ray_target.NAMESPACE, ray_target.REGISTRY_NAME) == (
+        fleet.NAMESPACE,
+        fleet.REGISTRY_NAME,
+    )
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--workers=2", "--ready-file", "--exit-with-parent"])
+def test_the_fleet_refuses_the_flags_it_sets_itself(flag):
+    with pytest.raises(ValueError, match="the fleet sets"):
+        fleet.start_bridges(["--head-url", "http://10.0.0.1:11000", flag, "x"])
+
+
+def test_the_fleet_loads_nothing_of_the_trainer_side():
+    probe = (
+        "import sys, nemo_gym_grpc.bridge.ray.__main__, nemo_gym_grpc.bridge.ray.actors;"
+        "print([m for m in sys.modules if m.startswith('nemo_gym_grpc.rewards')])"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "[]"
