@@ -13,13 +13,14 @@ start of the list when the connection it used breaks).
 Where Ray comes from: inside a Ray worker, actor or driver, the cluster it is part of; in a
 process that has not joined Ray (a TRL trainer on a Ray node), `ray:` joins the cluster as a
 driver (`ray.init(address="auto")`: env RAY_ADDRESS, else the cluster this node runs). The
-table is read at most every CACHE_SECONDS per process; node ids come from Ray
-(`get_runtime_context().get_node_id()`). Needs the `[ray]` extra.
+table is read at most every CACHE_SECONDS per process; the own node is the one on this host's
+address (`own_node`). Needs the `[ray]` extra.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from typing import Any
@@ -88,6 +89,33 @@ def _connected_ray() -> Any:
     return ray
 
 
+def local_address(towards: str) -> str | None:
+    """This host's address on the route to "host:port" `towards` (the local end of a UDP
+    socket connected there; nothing is sent), or None if there is no route."""
+    host = towards.rsplit(":", 1)[0].strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            address: str = probe.getsockname()[0]
+            return address
+    except OSError:
+        return None
+
+
+def own_node(ray: Any, nodes: dict[str, str]) -> str:
+    """This process's node among `nodes` {node id: address}: the one node on this host's
+    address (towards the cluster's GCS), else the node Ray attached this process to.
+
+    A worker's runtime context names its node; a driver's names the node Ray attached it to,
+    found by listing the host's raylet processes, which on hosts sharing one process table
+    (containers in one pod, network namespaces) can be another host's: the address decides."""
+    context = ray.get_runtime_context()
+    address = local_address(context.gcs_address)
+    mine = [node for node, at in nodes.items() if at == address]
+    return mine[0] if len(mine) == 1 else str(context.get_node_id())
+
+
 def resolve(target: str) -> str:
     """The gRPC target for `ray:` (module docstring), read from the cluster at most every
     CACHE_SECONDS; any other `target` is returned as it is.
@@ -111,10 +139,9 @@ def resolve(target: str) -> str:
         table: dict[str, dict[str, Any]] = {}
     else:
         table = ray.get(registry.table.remote(), timeout=LOOKUP_TIMEOUT)
-    alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
-    table = {node: entry for node, entry in table.items() if node in alive}
-    own = ray.get_runtime_context().get_node_id()
-    resolved = grpc_target(order(table, own))
+    nodes = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
+    table = {node: entry for node, entry in table.items() if node in nodes}
+    resolved = grpc_target(order(table, own_node(ray, nodes)))
     with _cache.lock:
         _cache.entries[PREFIX] = (now, resolved)
     return resolved

@@ -78,3 +78,26 @@ def test_the_fleet_loads_nothing_of_the_trainer_side():
     )
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "[]"
+
+
+class _Context:
+    """What `own_node` reads of Ray's runtime context (a stand-in: no cluster here)."""
+
+    gcs_address = "127.0.0.1:6379"
+
+    def get_node_id(self) -> str:
+        return "attached"
+
+
+class _Ray:
+    def get_runtime_context(self) -> _Context:
+        return _Context()
+
+
+def test_the_own_node_is_the_one_on_this_hosts_address_else_the_attached_one():
+    assert ray_target.local_address("127.0.0.1:6379") == "127.0.0.1"
+    here = {"n1": "10.0.0.1", "n2": "127.0.0.1"}
+    assert ray_target.own_node(_Ray(), here) == "n2"
+    assert ray_target.own_node(_Ray(), {"n1": "10.0.0.1"}) == "attached"
+    two = {"n1": "127.0.0.1", "n2": "127.0.0.1"}  # two raylets on one address
+    assert ray_target.own_node(_Ray(), two) == "attached"

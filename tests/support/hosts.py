@@ -10,6 +10,9 @@ veth to it; host i has the address <subnet>.(i+1)/24, the subnet picked at rando
 for readable logs: each namespace is private, so it cannot clash with the machine's networks).
 The root namespace gets no address on this network: what runs on a host reaches the other
 hosts and its own loopback, never the machine's interfaces, and nothing outside reaches it.
+Each host's default route is its link (on-link, no gateway), so a program that finds its own
+address by the route to an outside address (Ray's `ray.init()` does, towards 8.8.8.8) finds
+the host's; packets for outside addresses go nowhere beyond the switch.
 Each host's processes bind whatever they like inside it (Ray binds all of its addresses).
 
 Names: namespaces `ngg<pid>h<i>` and `ngg<pid>sw` (<pid>: this process), so two test runs
@@ -112,6 +115,7 @@ class Hosts:
                 _ip("-n", host.name, "addr", "add", f"{host.address}/24", "dev", "eth0")
                 _ip("-n", host.name, "link", "set", "eth0", "up")
                 _ip("-n", host.name, "link", "set", "lo", "up")
+                _ip("-n", host.name, "route", "add", "default", "dev", "eth0")
         except subprocess.CalledProcessError as exc:
             self.stop()
             raise NemoGymError(f"building the test hosts failed: {exc.cmd}: {exc.stderr}") from None

@@ -37,26 +37,38 @@ STARTED = b"Ray runtime started."  # what `ray start` prints once its node runs
 _COUNT_NODES = "import ray; ray.init(); print(sum(n['Alive'] for n in ray.nodes()))"
 
 
-def ray_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of every node and driver: offline, no usage stats, no token auth, the
-    repository on PYTHONPATH (drivers define callers in tests/ modules, which workers import)."""
-    env = offline_env(base)
-    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), RAY_DEDUP_LOGS="0")
+def ray_env(pythonpath: str = str(REPO)) -> dict[str, str]:
+    """The environment of every node and driver: offline, no usage stats, no token auth,
+    `pythonpath` (default the repository: drivers define callers in tests/ modules, which
+    workers import)."""
+    env = offline_env()
+    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=pythonpath, RAY_DEDUP_LOGS="0")
     return env
 
 
 class RayNodes:
     """One Ray node per host of `hosts` (module docstring); `python` is the interpreter of
-    every node (its venv's `ray` script starts them), `cpus` each node's CPUs."""
+    every node (its venv's `ray` script starts them), `cpus` each node's CPUs, `pythonpath`
+    their and the drivers' PYTHONPATH. `join`: the GCS address of a cluster already running on
+    hosts[0] (NeMo Gym's own): then the other hosts' nodes join it and none is started there."""
 
     def __init__(
-        self, hosts: Hosts, workdir: Path, *, python: str = sys.executable, cpus: int = 1
+        self,
+        hosts: Hosts,
+        workdir: Path,
+        *,
+        python: str = sys.executable,
+        cpus: int = 1,
+        pythonpath: str = str(REPO),
+        join: str | None = None,
     ) -> None:
         self.hosts = hosts
         self.workdir = Path(workdir)
         self.python = python
         self.cpus = cpus
-        self.address = f"{hosts[0].address}:{GCS_PORT}"
+        self.pythonpath = pythonpath
+        self.join = join
+        self.address = join or f"{hosts[0].address}:{GCS_PORT}"
         # Ray's session folders hold AF_UNIX sockets (paths of at most 107 bytes): a short root
         self.temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
         self.started: list[Host] = []
@@ -85,7 +97,8 @@ class RayNodes:
         began = time.monotonic()
         deadline = began + timeout
         head, *others = self.hosts.hosts
-        self._wait_started([(head, self.start_node(head))], deadline)
+        if not self.join:
+            self._wait_started([(head, self.start_node(head))], deadline)
         self._wait_started([(h, self.start_node(h)) for h in others], deadline)
         want = str(len(self.hosts))
         while True:
@@ -122,11 +135,11 @@ class RayNodes:
         argv = [self._ray(), "start", "--block", f"--node-ip-address={host.address}"]
         argv += [f"--temp-dir={temp}", f"--num-cpus={self.cpus}", "--disable-usage-stats"]
         argv += [f"--object-store-memory={OBJECT_STORE_BYTES}"]
-        if host.index == 0:
+        if host.index == 0 and not self.join:
             argv += ["--head", f"--port={GCS_PORT}", "--include-dashboard=false"]
         else:
             argv += [f"--address={self.address}"]
-        proc = self.hosts.spawn(host, argv, log=self.log(host), env=ray_env())
+        proc = self.hosts.spawn(host, argv, log=self.log(host), env=ray_env(self.pythonpath))
         self.started.append(host)
         return proc
 
@@ -142,7 +155,7 @@ class RayNodes:
         """`python ARGS` inside `host` (default the head's) with RAY_ADDRESS set to the cluster,
         run to the end; output captured. `python` defaults to the nodes' interpreter (another
         one needs the same Python and Ray versions: Ray's rule)."""
-        full = ray_env()
+        full = ray_env(self.pythonpath)
         full.update(RAY_ADDRESS=self.address, **(env or {}))
         argv = [python or self.python, *args]
         return self.hosts.run(host or self.hosts[0], argv, timeout=timeout, env=full)

@@ -106,7 +106,8 @@ class NemoGymServers:
     recorded), which `stop()` ends (SIGINT, then SIGKILL). Use as a context manager or call
     start()/stop(). `host` is the address every server binds; `netns` a network namespace to
     run in (then only ng_run's own log says when the servers are ready: they cannot be reached
-    from here); `ray` keeps NeMo Gym's Ray (ValueError without `netns`).
+    from here); `ray` keeps NeMo Gym's Ray (ValueError without `netns`); `extra_env` is laid
+    over ng_run's environment.
 
     `version` picks the NeMo Gym (ensure_venv(version=...); None: env NEMO_GYM_VERSION, else
     0.7.0) unless `venv` is given; after start() `version` is the venv's NeMo Gym version.
@@ -131,10 +132,12 @@ class NemoGymServers:
         host: str = "127.0.0.1",
         netns: str | None = None,
         ray: bool = False,
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
         if ray and not netns:
             raise ValueError("NeMo Gym's Ray binds the machine's external interface: use netns=")
         self.host, self.netns, self.ray = host, netns, ray
+        self.extra_env = dict(extra_env or {})
         self.servers = tuple(servers)
         if not self.servers or len(set(self.servers)) != len(self.servers):
             raise ValueError(f"need distinct server names, got {self.servers}")
@@ -251,6 +254,7 @@ class NemoGymServers:
         env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         if not self.ray:
             env["PYTHONPATH"] = str(NO_RAY)
+        env.update(self.extra_env)
         command = [
             str(venv / "bin" / "ng_run"),
             f"+config_paths=[{self.config_path}]",
