@@ -17,9 +17,10 @@ Each host's processes bind whatever they like inside it (Ray binds all of its ad
 
 Names: namespaces `ngg<pid>h<i>` and `ngg<pid>sw` (<pid>: this process), so two test runs
 never share one. `stop()` (also at interpreter exit) SIGTERMs the process groups `spawn`
-started, SIGKILLs every process still inside the namespaces (`ip netns pids`: processes that
-left their group, such as Ray's daemons, too) and deletes the namespaces; their veths and the
-bridge device go with them.
+started and every process inside the namespaces (`ip netns pids`: processes that left their
+group, such as Ray's daemons, too), then SIGKILLs whatever is still there, and deletes the
+namespaces; their veths and the bridge device go with them. `start()` first removes the same way what a killed test run left:
+namespaces of that naming whose <pid> no longer runs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -38,6 +40,8 @@ from typing import IO
 
 from tests.support import procs
 from tests.support.errors import NemoGymError
+
+_OURS = re.compile(r"^ngg(\d+)(?:h\d+|sw)$")  # the namespaces Hosts names
 
 
 class HostsUnavailable(NemoGymError):
@@ -70,6 +74,20 @@ def namespace_inode(name: str) -> int | None:
     return None
 
 
+def remove_leftovers() -> list[str]:
+    """Delete the namespaces of test runs that are gone (module docstring), SIGKILLing what
+    still runs inside them. Returns their names."""
+    listed = _ip("netns", "list", check=False).stdout.split("\n")
+    names = [line.split()[0] for line in listed if line.strip()]
+    gone = [n for n in names if (m := _OURS.match(n)) and not os.path.exists(f"/proc/{m[1]}")]
+    for name in gone:
+        for pid in namespace_pids(name):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _ip("netns", "del", name, check=False)
+    return gone
+
+
 class Hosts:
     """`count` hosts on one test link (module docstring). Raises HostsUnavailable when
     namespaces cannot be made here, NemoGymError when a step of building them fails."""
@@ -100,6 +118,7 @@ class Hosts:
         """Make the switch and the hosts (about 50 ms per host)."""
         if os.geteuid() != 0 or shutil.which("ip") is None:
             raise HostsUnavailable("network namespaces need root and iproute2's `ip`")
+        remove_leftovers()
         procs.live.add(self)
         try:
             self._add(self.switch)
@@ -181,12 +200,15 @@ class Hosts:
         return [pid for name in self.made for pid in namespace_pids(name)]
 
     def stop(self, grace: float = 5.0) -> None:
-        """SIGTERM the groups `spawn` started, wait up to `grace` s, SIGKILL every process left
-        in the namespaces, delete them. Idempotent."""
+        """SIGTERM the groups `spawn` started and every process in the namespaces, wait up to
+        `grace` s, SIGKILL every process left in them, delete them. Idempotent."""
         for proc in self._groups:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while self.pids() and time.monotonic() < deadline:
             time.sleep(0.1)
