@@ -14,7 +14,7 @@ Steps ({"do": ..., ...}):
 - "kill" (address, after, plus score's keys): as "score", but once the bridge on `address`
   has answered `after` items of this step, its actor process is SIGKILLed -> score's result
   with "killed" (actor pid) and "answered_before_kill"; "wait_restart" (address) waits until
-  the registry shows that node's bridge again, restarted -> its entry.
+  the registry shows that node's bridge again, restarted -> its entry; "sleep" (seconds).
 
 Callers are detached actors named per node (made once, reused by later drivers), holding no
 CPU; the bridges' metrics port is METRICS_PORT on every node (serve args must set it).
@@ -123,7 +123,7 @@ def score(step: dict[str, Any]) -> dict[str, Any]:
     refs = [caller(a).score.remote(step["size"], step["batches"]) for a in step["on"]]
     result: dict[str, Any] = {}
     if step["do"] == "kill":
-        result.update(kill_when(step["address"], before[step["address"]] + step["after"]))
+        result.update(kill_when(step["address"], before[step["address"]], step["after"]))
     callers = ray.get(refs)
     seconds = time.monotonic() - began
     after = {a: answered(a) for a in bridges}
@@ -139,15 +139,16 @@ def entry(address: str) -> dict[str, Any]:
     return next(e for e in bridge_table().values() if e["address"] == address)
 
 
-def kill_when(address: str, count: float) -> dict[str, Any]:
-    """SIGKILL the bridge actor on `address` once its bridge answered `count` items."""
+def kill_when(address: str, base: float, count: float) -> dict[str, Any]:
+    """SIGKILL the bridge actor on `address` once its bridge answered `count` items more than
+    `base`."""
     deadline = time.monotonic() + 120
-    while answered(address) < count and time.monotonic() < deadline:
+    while answered(address) - base < count and time.monotonic() < deadline:
         time.sleep(0.02)
-    at = answered(address)
+    at = answered(address) - base
     pid = entry(address)["actor_pid"]
     os.kill(pid, signal.SIGKILL)
-    return {"killed": pid, "answered_before_kill": at, "target_count": count}
+    return {"killed": pid, "answered_before_kill": at}
 
 
 def wait_restart(address: str, old_pid: int) -> dict[str, Any]:
@@ -180,6 +181,9 @@ def run(step: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
             return score(step)
         case "wait_restart":
             return wait_restart(step["address"], last["killed"])
+        case "sleep":
+            time.sleep(step["seconds"])
+            return {}
     raise ValueError(f"unknown step {step}")
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from nemo_gym_grpc.rewards import ray_target
 from tests.stacks_common import VERL_PYTHON, answers, export_examples
 from tests.support import ensure_venv
 from tests.support.hosts import Hosts, HostsUnavailable
@@ -121,7 +122,9 @@ def test_items_per_second_with_1_2_and_3_bridge_nodes(fleet: Fleet) -> None:
     curve = {}
     for count in (1, 2, 3):
         on = fleet.addresses[:count]
-        _, _, scored = fleet.run({"do": "stop"}, fleet.start(on), fleet.score(256, 4))
+        # callers read the bridge table at most every CACHE_SECONDS: let them see the new one
+        wait = {"do": "sleep", "seconds": ray_target.CACHE_SECONDS}
+        *_, scored = fleet.run({"do": "stop"}, fleet.start(on), wait, fleet.score(256, 4))
         for caller in scored["callers"]:
             assert caller["as_expected"], caller
         assert {a for a, n in scored["bridges"].items() if n} == set(on)
