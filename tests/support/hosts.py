@@ -19,8 +19,8 @@ Names: namespaces `ngg<pid>h<i>` and `ngg<pid>sw` (<pid>: this process), so two 
 never share one. `stop()` (also at interpreter exit) SIGTERMs the process groups `spawn`
 started and every process inside the namespaces (`ip netns pids`: processes that left their
 group, such as Ray's daemons, too), then SIGKILLs whatever is still there, and deletes the
-namespaces; their veths and the bridge device go with them. `start()` first removes the same way what a killed test run left:
-namespaces of that naming whose <pid> no longer runs.
+namespaces; their veths and the bridge device go with them. `start()` first removes, the same
+way, what a killed test run left: namespaces of that naming whose <pid> no longer runs.
 """
 
 from __future__ import annotations
