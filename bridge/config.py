@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_gym_grpc.bridge.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.flags import (
     Flag,
     listen_address,
@@ -26,7 +27,6 @@ from nemo_gym_grpc.bridge.flags import (
     server_entry,
     token_file,
 )
-from nemo_gym_grpc.bridge.verifier import RetryPolicy
 
 MiB = 1024 * 1024
 # The bearer token clients must send; the trainer side reads the same name (rewards/settings.py).

@@ -21,7 +21,7 @@ import logging
 import aiohttp
 from grpc_health.v1 import health, health_pb2
 
-from nemo_gym_grpc.bridge import nemo_gym
+from nemo_gym_grpc.bridge.nemo_gym.http import answers
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
@@ -121,5 +121,5 @@ class Readiness:
 
     async def _any_answers(self, urls: list[str]) -> bool:
         """True when at least one replica answers its liveness route."""
-        probes = (nemo_gym.answers(self._session, url, self._probe_timeout) for url in urls)
+        probes = (answers(self._session, url, self._probe_timeout) for url in urls)
         return any(await asyncio.gather(*probes))

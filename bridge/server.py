@@ -25,10 +25,11 @@ from nemo_gym_grpc.bridge.health import (
 )
 from nemo_gym_grpc.bridge.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
 from nemo_gym_grpc.bridge.metrics import Metrics, start_metrics_server
+from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
 from nemo_gym_grpc.bridge.rollout_service import RolloutService, add_rollout_service
 from nemo_gym_grpc.bridge.runner import Runner
 from nemo_gym_grpc.bridge.service import VerifyService, add_verify_service
-from nemo_gym_grpc.bridge.upstreams import AGENT, AGENTS, ENVIRONMENT, Upstreams
+from nemo_gym_grpc.bridge.upstreams import AGENTS, Upstreams
 from nemo_gym_grpc.bridge.verifier import Verifier
 
 log = logging.getLogger(__name__)

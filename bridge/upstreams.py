@@ -4,7 +4,7 @@ resources servers (`RESOURCES`), one for agent and environment servers (`AGENTS`
 Entries come only from configuration (`--server NAME=URL`, `--agent NAME=URL`,
 `--environment-server NAME=URL`, repeated with the same NAME for replicas) and from the NeMo
 Gym head server's `GET /global_config_dict_yaml` (one URL per instance name, read by
-`nemo_gym.global_servers`); the bridge never calls a URL taken from a request.
+`nemo_gym.head.global_servers`); the bridge never calls a URL taken from a request.
 """
 
 from __future__ import annotations
@@ -18,17 +18,13 @@ from dataclasses import dataclass, field
 import aiohttp
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import errors, nemo_gym
+from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.nemo_gym import head
 
 log = logging.getLogger(__name__)
 
 STATIC = "static"
 HEAD_SERVER = "head_server"
-
-
-# Protocols of the AGENTS table (RunRequest.agent routes to one of them).
-AGENT = "agent"
-ENVIRONMENT = "environment"
 
 
 @dataclass(frozen=True)
@@ -37,7 +33,7 @@ class Kind:
 
     Attributes:
         noun: the servers' name in messages, e.g. "resources server".
-        blocks: {head-server config block: protocol} discovered (`nemo_gym.parse_servers`).
+        blocks: {head-server config block: protocol} discovered (`nemo_gym.head.parse_servers`).
         unknown_reason: the ErrorInfo reason of an unknown name (NOT_FOUND).
         field: the ErrorInfo metadata key that names the server.
         log_field: the log record field that names it.
@@ -52,18 +48,18 @@ class Kind:
 
 RESOURCES = Kind(
     "resources server",
-    nemo_gym.RESOURCES_SERVERS,
+    head.RESOURCES_SERVERS,
     errors.UNKNOWN_RESOURCES_SERVER,
     "resourcesServer",
     "resources_server",
 )
-AGENTS = Kind("agent", nemo_gym.AGENT_SERVERS, errors.UNKNOWN_AGENT, "agent", "agent")
+AGENTS = Kind("agent", head.AGENT_SERVERS, errors.UNKNOWN_AGENT, "agent", "agent")
 
 
 @dataclass
 class Upstream:
     """A routable server: its name, base URLs (no trailing slash), origin and protocol
-    ("" for resources servers; AGENT or ENVIRONMENT in the AGENTS table)."""
+    ("" for resources servers; `head.AGENT` or `head.ENVIRONMENT` in the AGENTS table)."""
 
     name: str
     urls: list[str] = field(default_factory=list)
@@ -131,7 +127,7 @@ class Upstreams:
             return {}
         self._last_discovery = time.monotonic()
         try:
-            self._discovered = await nemo_gym.global_servers(
+            self._discovered = await head.global_servers(
                 self._session, self.head_url, self._timeout, self.kind.blocks
             )
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:

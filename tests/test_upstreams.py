@@ -15,7 +15,7 @@ from aiohttp import web
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.nemo_gym import parse_global_config
+from nemo_gym_grpc.bridge.nemo_gym.head import parse_global_config
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from tests.support import closed_port
 
