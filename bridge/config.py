@@ -54,6 +54,13 @@ def _replicas(entries: list[tuple[str, str]]) -> dict[str, str | list[str]]:
     return {name: urls for name, urls in grouped.items()}
 
 
+def _routes(flag: str, text: str) -> Any:
+    """A routing table field set by the repeatable `flag NAME=URL` (`server_entry`):
+    {name: [base URL, ...]}."""
+    entry = Flag(flag, text, type=server_entry, default=(), kind="list", metavar="NAME=URL")
+    return setting(entry, convert=_replicas)
+
+
 @dataclass(kw_only=True)
 class BridgeConfig:
     """Settings of one bridge process. Each field's meaning and unit is its flag's help.
@@ -81,42 +88,21 @@ class BridgeConfig:
             metavar="URL",
         )
     )
-    servers: dict[str, str | list[str]] = setting(
-        Flag(
-            "--server",
-            "a resources server base URL (repeatable; the same NAME again adds a replica, load "
-            "goes to the least busy one); wins over discovery",
-            type=server_entry,
-            default=(),
-            kind="list",
-            metavar="NAME=URL",
-        ),
-        convert=_replicas,
+    servers: dict[str, str | list[str]] = _routes(
+        "--server",
+        "a resources server base URL (repeatable; the same NAME again adds a replica, load "
+        "goes to the least busy one); wins over discovery",
     )
-    agents: dict[str, str | list[str]] = setting(
-        Flag(
-            "--agent",
-            "a NeMo Gym agent server base URL (e.g. simple_agent) that Run/RunStream post "
-            "rows to at <URL>/run (repeatable; the same NAME again adds a replica, load goes "
-            "to the least busy one); wins over discovery",
-            type=server_entry,
-            default=(),
-            kind="list",
-            metavar="NAME=URL",
-        ),
-        convert=_replicas,
+    agents: dict[str, str | list[str]] = _routes(
+        "--agent",
+        "a NeMo Gym agent server base URL (e.g. simple_agent) that Run/RunStream post "
+        "rows to at <URL>/run (repeatable; the same NAME again adds a replica, load goes "
+        "to the least busy one); wins over discovery",
     )
-    environment_servers: dict[str, str | list[str]] = setting(
-        Flag(
-            "--environment-server",
-            "a NeMo Gym (>= 0.7) environment server base URL that Run/RunStream post "
-            "episodes to at <URL>/run (repeatable like --agent); wins over discovery",
-            type=server_entry,
-            default=(),
-            kind="list",
-            metavar="NAME=URL",
-        ),
-        convert=_replicas,
+    environment_servers: dict[str, str | list[str]] = _routes(
+        "--environment-server",
+        "a NeMo Gym (>= 0.7) environment server base URL that Run/RunStream post "
+        "episodes to at <URL>/run (repeatable like --agent); wins over discovery",
     )
     agent_concurrency: int = setting(
         Flag(

@@ -21,14 +21,14 @@ import logging
 import aiohttp
 from grpc_health.v1 import health, health_pb2
 
+from nemo_gym_grpc.bridge.contract import ROLLOUT_SERVICE, VERIFY_SERVICE
 from nemo_gym_grpc.bridge.nemo_gym.http import answers
 from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = verify_pb2.DESCRIPTOR.services_by_name["VerifyService"].full_name
-ROLLOUT_SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+SERVICE_NAME = VERIFY_SERVICE.full_name
+ROLLOUT_SERVICE_NAME = ROLLOUT_SERVICE.full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 

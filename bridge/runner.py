@@ -105,14 +105,8 @@ class Runner:
         """
         try:
             ran, seconds = await self._run(request, deadline)
-        except errors.ItemError as exc:
-            return self.failed(request, exc)
-        except Exception as exc:  # a bug here must not cost the rollout its outcome
-            log.exception("unexpected error running request_id=%r", request.request_id)
-            error = errors.ItemError(
-                code_pb2.INTERNAL, errors.BRIDGE_INTERNAL, f"bridge error: {exc!r}"
-            )
-            return self.failed(request, error)
+        except Exception as exc:  # every rollout gets its outcome, a bridge bug's included
+            return self.failed(request, errors.as_item_error(exc, request.request_id))
         self.metrics.rollout(request.agent, "OK", "")
         return _response(request.request_id, ran, seconds)
 
@@ -123,11 +117,7 @@ class Runner:
         only), counted in the metrics."""
         label = request.agent if self.agents.get(request.agent) else UNKNOWN_SERVER
         self.metrics.rollout(label, code_pb2.Code.Name(error.code), error.reason)
-        failed = rollout_pb2.RunResponse(
-            request_id=request.request_id, latency_seconds=error.latency_seconds
-        )
-        failed.error.CopyFrom(error.to_status())
-        return failed
+        return error.result(rollout_pb2.RunResponse, request.request_id)
 
     async def _run(
         self, request: rollout_pb2.RunRequest, deadline: float | None

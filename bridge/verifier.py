@@ -110,14 +110,8 @@ class Verifier:
         """
         try:
             scored, seconds = await self._verify(request, deadline)
-        except errors.ItemError as exc:
-            return self.failed(request, exc)
-        except Exception as exc:  # a bug here must not cost the item its outcome
-            log.exception("unexpected error scoring request_id=%r", request.request_id)
-            error = errors.ItemError(
-                code_pb2.INTERNAL, errors.BRIDGE_INTERNAL, f"bridge error: {exc!r}"
-            )
-            return self.failed(request, error)
+        except Exception as exc:  # every item gets its outcome, a bridge bug's included
+            return self.failed(request, errors.as_item_error(exc, request.request_id))
         self.metrics.item(request.resources_server, "OK", "")
         result = verify_pb2.VerifyResponse(
             request_id=request.request_id, reward=scored.reward, latency_seconds=seconds
@@ -141,11 +135,7 @@ class Verifier:
         if not self.upstreams.get(label):
             label = UNKNOWN_SERVER  # request text must not grow the label set
         self.metrics.item(label, code_pb2.Code.Name(error.code), error.reason)
-        failed = verify_pb2.VerifyResponse(
-            request_id=request.request_id, latency_seconds=error.latency_seconds
-        )
-        failed.error.CopyFrom(error.to_status())
-        return failed
+        return error.result(verify_pb2.VerifyResponse, request.request_id)
 
     async def _verify(
         self, request: verify_pb2.VerifyRequest, deadline: float | None

@@ -78,6 +78,19 @@ def run_workers(config: BridgeConfig, workers: int) -> int:
             os._exit(_worker(child_config))
         children[pid] = index
     log.info("started %d workers on %s: pids %s", workers, listen, sorted(children))
+    try:
+        return _supervise(config, children, listen, ready_files)
+    finally:
+        for ready in ready_files:
+            ready.unlink(missing_ok=True)
+
+
+def _supervise(
+    config: BridgeConfig, children: dict[int, int], listen: str, ready_files: list[Path]
+) -> int:
+    """Forward SIGTERM/SIGINT to `children` (pid -> worker index) and wait for them all to
+    exit; write the ready file once every worker's is there. Returns the worst exit status
+    (0 or 1)."""
 
     def forward(signum: int, _frame: object) -> None:
         for pid in children:
@@ -108,6 +121,4 @@ def run_workers(config: BridgeConfig, workers: int) -> int:
             forward(signal.SIGTERM, None)
             parent = os.getppid()
         time.sleep(0.1)
-    for ready in ready_files:
-        ready.unlink(missing_ok=True)
     return status
