@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2
 
 from nemo_gym_grpc.bridge.contract import ROLLOUT_SERVICE, VERIFY_SERVICE
 from nemo_gym_grpc.bridge.nemo_gym.http import answers
-from nemo_gym_grpc.bridge.upstreams import Upstreams
+from nemo_gym_grpc.bridge.upstreams import Repeats, Upstreams
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ class Readiness:
         self._probe_timeout = probe_timeout
         self.known = False
         self._answering: dict[tuple[str, str], bool] = {}
+        self._repeats = Repeats()
 
     async def run(self) -> None:
         """Run rounds forever (cancel to stop). The first round runs at once."""
@@ -95,29 +96,42 @@ class Readiness:
 
     async def _learn_routes(self) -> None:
         discovered = False
+        unreadable: dict[str, str] = {}  # head URL -> why: one line for all its tables
         for table, _ in self._tables:
             if not table.head_url:
                 continue
             try:
                 found = await table.discover()
-                none = f"no {table.kind.noun}s"
-                log.info("discovered from %s: %s", table.head_url, found or none)
-                discovered = True
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                log.warning("discovery from %s failed: %r", table.head_url, exc)
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                unreadable[table.head_url] = table.discovery_error or ""
+                continue
+            log.info("discovered from %s: %s", table.head_url, found or f"no {table.kind.noun}s")
+            discovered = True
+        for url, why in unreadable.items():
+            if self._repeats.due(url, why):
+                log.warning(
+                    "head server %s cannot be read (%s): no routes from it yet; asking again "
+                    "every %g s",
+                    url,
+                    why,
+                    self._interval,
+                )
         self.known = discovered or any(table.names() for table, _ in self._tables)
         if self.known:
-            for table, _ in self._tables:
-                for entry in table.entries():
-                    log.info(
-                        "route %s -> %s (%s%s)",
-                        entry.name,
-                        ", ".join(entry.urls),
-                        entry.source,
-                        f", {entry.protocol}" if entry.protocol else "",
-                    )
+            self._log_routes()
             for service in ("", *(service for _, service in self._tables)):
                 await self._servicer.set(service, SERVING)
+
+    def _log_routes(self) -> None:
+        for table, _ in self._tables:
+            for entry in table.entries():
+                log.info(
+                    "route %s -> %s (%s%s)",
+                    entry.name,
+                    ", ".join(entry.urls),
+                    entry.source,
+                    f", {entry.protocol}" if entry.protocol else "",
+                )
 
     async def _any_answers(self, urls: list[str]) -> bool:
         """True when at least one replica answers its liveness route."""

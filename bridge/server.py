@@ -5,9 +5,11 @@ graceful drain."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,7 +131,7 @@ async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
     add_rollout_service(RolloutService(runner, **limits), server)
     health_servicer = await _add_health(server)
     credentials = _credentials(config)
-    port = _bind(server, config.listen, credentials)
+    port = _bind(server, config, credentials)
     readiness = Readiness(
         health_servicer, upstreams, session, config.health_interval, agents=agents
     )
@@ -209,18 +211,54 @@ async def _add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
     return servicer
 
 
-def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None) -> int:
-    """Bind `listen`; returns the port.
+def _bind(
+    server: grpc.aio.Server, config: BridgeConfig, credentials: grpc.ServerCredentials | None
+) -> int:
+    """Bind `config.listen`; returns the port.
 
     Raises:
-        RuntimeError: "cannot listen on ...".
+        RuntimeError: "cannot listen on ...", naming the cause.
     """
+    check_free(config.listen, config.reuse_port)
     try:
         if credentials:
-            return server.add_secure_port(listen, credentials)
-        return server.add_insecure_port(listen)
+            return server.add_secure_port(config.listen, credentials)
+        return server.add_insecure_port(config.listen)
     except RuntimeError as exc:
-        raise RuntimeError(f"cannot listen on {listen}: {exc}") from None
+        raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from None
+
+
+def check_free(listen: str, reuse_port: bool) -> None:
+    """Refuse a `listen` address that another socket listens on, before gRPC tries it: gRPC's
+    core would log a line of its own and raise only "Failed to bind". Each address `listen`
+    resolves to is bound as gRPC binds it (SO_REUSEADDR; SO_REUSEPORT for `--workers`), then
+    released; like gRPC, one free address is enough. Port 0 and unix: sockets pass.
+
+    Raises:
+        RuntimeError: "cannot listen on LISTEN: address already in use".
+    """
+    host, _, port = listen.rpartition(":")
+    if listen.startswith("unix:") or port == "0":
+        return
+    try:
+        found = socket.getaddrinfo(
+            host.strip("[]"), int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (OSError, ValueError):
+        return  # gRPC says what is wrong with it
+    for family, kind, protocol, _, address in found:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    continue
+            return
+    if found:
+        raise RuntimeError(f"cannot listen on {listen}: address already in use")
 
 
 def _session() -> aiohttp.ClientSession:

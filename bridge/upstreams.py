@@ -25,6 +25,26 @@ log = logging.getLogger(__name__)
 
 STATIC = "static"
 HEAD_SERVER = "head_server"
+# Seconds before a warning whose cause has not changed is logged again.
+REPEAT_WARNING_AFTER = 60.0
+
+
+class Repeats:
+    """Which repeats of a warning to log: the first, one whose text changed, and one every
+    REPEAT_WARNING_AFTER seconds while the same cause lasts (a head server that stays down is
+    not logged on every try)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[str, float]] = {}  # key -> (text, when logged)
+
+    def due(self, key: str, text: str) -> bool:
+        """True when the warning `text` about `key` (e.g. a URL) is to be logged now."""
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and last[0] == text and now - last[1] < REPEAT_WARNING_AFTER:
+            return False
+        self._last[key] = (text, now)
+        return True
 
 
 @dataclass(frozen=True)
@@ -116,6 +136,7 @@ class Upstreams:
         self.discovery_error: str | None = None
         # Whether a discovery has succeeded.
         self.discovered = False
+        self._repeats = Repeats()
 
     async def discover(self) -> dict[str, str]:
         """Fetch the head server's config and replace the discovered entries.
@@ -181,8 +202,10 @@ class Upstreams:
                     )
                     try:
                         found = await self.discover()
-                    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                        log.warning("re-discovery from %s failed: %r", self.head_url, exc)
+                    except (aiohttp.ClientError, TimeoutError, ValueError):
+                        why = self.discovery_error or ""
+                        if self._repeats.due(self.head_url, why):
+                            log.warning("re-discovery from %s failed: %s", self.head_url, why)
                     else:
                         log.info("re-discovery found %d %ss", len(found), noun)
                 urls = self.get(name)
