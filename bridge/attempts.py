@@ -1,5 +1,5 @@
 """An item's attempts on its upstream replicas, one rule for Verify and Run alike: how many and
-when (`RetryPolicy`, `try_replicas`), and how the RPC deadline bounds them (`time_left`,
+when (`RetryPolicy`, `Attempts`), and how the RPC deadline bounds them (`time_left`,
 `call_timeout`, `slot_wait`, `deadline_passed`).
 
 - Margin: an upstream call and a wait for a slot end before the RPC deadline by
@@ -11,8 +11,8 @@ when (`RetryPolicy`, `try_replicas`), and how the RPC deadline bounds them (`tim
   deadline leaves (`call_timeout`); a wait for a slot (`balancer.Slots.use`) lasts at most
   what the deadline leaves (`slot_wait`). When nothing is left, the item fails with
   DEADLINE_EXCEEDED / UPSTREAM_TIMEOUT before anything is sent (`deadline_passed`).
-- The loop (`try_replicas`): each attempt goes to the replica the balancer picks, one the item
-  has not tried first. A failure its flow may retry gets another attempt: at once on a replica
+- The attempts (`Attempts`): each goes to the replica the balancer picks, one the item has
+  not tried first. A failure its flow may retry gets another attempt: at once on a replica
   not yet tried, else after a backoff; never more than `RetryPolicy.attempts`, and none that
   would start after `RetryPolicy.budget` seconds or after the deadline. Every failure carries
   the number of attempts made in its `attempts` metadata.
@@ -23,9 +23,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from google.rpc import code_pb2
 
@@ -34,8 +32,6 @@ from nemo_gym_grpc.bridge.balancer import Balancer, Replica
 
 DEADLINE_MARGIN = 0.05
 DEADLINE_MARGIN_SHARE = 0.02
-
-Done = TypeVar("Done")
 
 
 def time_left(deadline: float, now: float | None = None) -> float:
@@ -104,54 +100,61 @@ class RetryPolicy:
         return random.uniform(0.0, min(self.max_backoff, self.initial_backoff * 2 ** (attempt - 1)))
 
 
-def _retryable(exc: errors.ItemError) -> bool:
-    return exc.retryable
+class Attempts:
+    """One item's attempts on the replicas `urls` (base URLs, not empty) of its server (see
+    the module docstring). Its flow drives them:
 
+        tries = Attempts(policy, deadline, balancer, urls)
+        while True:
+            replica = tries.next()
+            try:
+                return await attempt(replica, tries.number)
+            except errors.ItemError as exc:
+                await tries.again(exc)  # raises exc when it is final
 
-async def try_replicas(
-    policy: RetryPolicy,
-    deadline: float | None,
-    balancer: Balancer,
-    urls: list[str],
-    attempt: Callable[[Replica, int], Awaitable[Done]],
-    *,
-    retrying: Callable[[str], object],
-    may_retry: Callable[[errors.ItemError], bool] = _retryable,
-) -> Done:
-    """The attempt loop (see the module docstring): `await attempt(replica, number)` (number
-    1 = the first) until one returns, or its `errors.ItemError` is final.
-
-    Args:
-        policy: how many attempts, and the backoff and budget between them.
-        deadline: the RPC deadline (`time.monotonic()` seconds), or None.
-        balancer, urls: the replicas (base URLs, not empty) of the item's server, and the
-            choice among them.
-        attempt: one attempt on one replica.
-        retrying: called with the reason of the failure before each attempt after the first.
-        may_retry: whether a failure may be retried (default: its `retryable`).
-
-    Raises:
-        errors.ItemError: the last attempt's failure, with `attempts` metadata.
+    Attributes:
+        number: the attempt under way, 1 = the first.
+        tried: the base URLs of the replicas tried so far, in order.
     """
-    bound = time.monotonic() + policy.budget
-    if deadline is not None:
-        bound = min(bound, deadline)
-    tried: list[str] = []
-    number = 1
-    while True:
-        replica = balancer.pick(urls, tried)
-        tried.append(replica.url)
-        try:
-            return await attempt(replica, number)
-        except errors.ItemError as exc:
-            exc.metadata["attempts"] = str(number)
-            if number >= policy.attempts or not may_retry(exc):
-                raise
-            delay = 0.0 if len(set(tried)) < len(urls) else policy.backoff(number)
-            if time.monotonic() + delay >= bound:
-                raise
-            reason = exc.reason
+
+    __slots__ = ("_policy", "_balancer", "_urls", "_bound", "number", "tried")
+
+    def __init__(
+        self, policy: RetryPolicy, deadline: float | None, balancer: Balancer, urls: list[str]
+    ) -> None:
+        self._policy = policy
+        self._balancer = balancer
+        self._urls = urls
+        self._bound = time.monotonic() + policy.budget
+        if deadline is not None and deadline < self._bound:
+            self._bound = deadline
+        self.number = 0
+        self.tried: list[str] = []
+
+    def next(self) -> Replica:
+        """The replica of the next attempt: one not tried yet first (`Balancer.pick`)."""
+        self.number += 1
+        replica = self._balancer.pick(self._urls, self.tried)
+        self.tried.append(replica.url)
+        return replica
+
+    async def again(self, failure: errors.ItemError, may_retry: bool | None = None) -> None:
+        """After a failed attempt: record the attempts made in `failure`'s `attempts`
+        metadata; raise `failure` when it is final (`may_retry`, default its `retryable`,
+        is false, no attempt is left, or the next would start past the budget or the
+        deadline); else wait the backoff when every replica was tried.
+
+        Raises:
+            errors.ItemError: `failure`, when final.
+        """
+        failure.metadata["attempts"] = str(self.number)
+        retry = failure.retryable if may_retry is None else may_retry
+        if not retry or self.number >= self._policy.attempts:
+            raise failure
+        delay = 0.0
+        if len(set(self.tried)) >= len(self._urls):
+            delay = self._policy.backoff(self.number)
+        if time.monotonic() + delay >= self._bound:
+            raise failure
         if delay:
             await asyncio.sleep(delay)
-        retrying(reason)
-        number += 1

@@ -46,7 +46,8 @@ class Readiness:
         servicer: the server's `health.aio.HealthServicer`.
         upstreams: the routing table (discovery runs through it).
         session: aiohttp session for the liveness probes.
-        interval: seconds between rounds (re-discovery while unknown, upstream probes).
+        interval: seconds between rounds (re-discovery while unknown, upstream probes;
+            `--health-interval`).
         probe_timeout: seconds for one upstream `GET /`.
         agents: the AGENTS routing table, or None.
     """
@@ -56,7 +57,7 @@ class Readiness:
         servicer: health.aio.HealthServicer,
         upstreams: Upstreams,
         session: aiohttp.ClientSession,
-        interval: float = 5.0,
+        interval: float,
         probe_timeout: float = 2.0,
         agents: Upstreams | None = None,
     ) -> None:

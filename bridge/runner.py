@@ -4,7 +4,7 @@ server or environment server -> one `RunResponse`.
 The steps, top to bottom: check the rollout (`run_validation.check_run`), resolve its agent
 (`Upstreams.resolve` on the AGENTS table, which also gives the protocol), build the body
 (`run_validation.check_body`), wait for one of the agent's `--agent-concurrency` slots
-(bounded by the RPC deadline, `attempts.slot_wait`), its attempts (`attempts.try_replicas`),
+(bounded by the RPC deadline, `attempts.slot_wait`), its attempts (`attempts.Attempts`),
 read the reply (`nemo_gym.run.read_rollout` or `nemo_gym.episodes.read_episode_reply`).
 
 Retries happen only where the rollout cannot have started: the connection was refused (the
@@ -133,22 +133,21 @@ class Runner:
             slots = self._slots[name] = Slots(self._concurrency)
         try:
             async with slots.use(attempts.slot_wait(deadline)) as queued:
-                return await attempts.try_replicas(
-                    self._retry,
-                    deadline,
-                    self.balancer,
-                    urls,
-                    lambda replica, number: self._attempt(
-                        replica, request, checked, protocol, number, deadline, queued
-                    ),
-                    retrying=lambda reason: log.info(
-                        "retrying rollout request_id=%r on %s (%s): it did not start",
-                        request.request_id[:100],
-                        name,
-                        reason,
-                    ),
-                    may_retry=_not_started,
-                )
+                tries = attempts.Attempts(self._retry, deadline, self.balancer, urls)
+                while True:
+                    replica = tries.next()
+                    try:
+                        return await self._attempt(
+                            replica, request, checked, protocol, tries.number, deadline, queued
+                        )
+                    except errors.ItemError as exc:
+                        await tries.again(exc, _not_started(exc))  # raises it when final
+                        log.info(
+                            "retrying rollout request_id=%r on %s (%s): it did not start",
+                            request.request_id[:100],
+                            name,
+                            exc.reason,
+                        )
         except SlotTimeout as exc:
             raise attempts.deadline_passed(
                 f"while waiting {exc.queued:.3f} s for one of the {self._concurrency} slots of "

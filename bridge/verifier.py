@@ -2,7 +2,7 @@
 `POST /seed_session` when the item runs as a session) -> one `VerifyResponse`.
 
 The steps, top to bottom: check the item (`validation.check_item`), resolve its resources
-server (`Upstreams.resolve`), its attempts (`attempts.try_replicas`; a transient failure is
+server (`Upstreams.resolve`), its attempts (`attempts.Attempts`; a transient failure is
 retried), each in one of its replica's slots, and read the reply
 (`nemo_gym.verify.read_verify_reply`). Every call ends in exactly one `VerifyResponse`: the
 reward, or a per-item `error`. The only exception that escapes is `asyncio.CancelledError` (the
@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import partial
 
 import aiohttp
 from google.rpc import code_pb2
@@ -149,14 +148,14 @@ class Verifier:
         call = _Call(
             name, request.request_id, payload, seed, request.timeout_seconds, request.include_reply
         )
-        return await attempts.try_replicas(
-            self._retry,
-            deadline,
-            self.balancer,
-            urls,
-            lambda replica, number: self._attempt(replica, call, number, deadline),
-            retrying=partial(self.metrics.retry, name),
-        )
+        tries = attempts.Attempts(self._retry, deadline, self.balancer, urls)
+        while True:
+            replica = tries.next()
+            try:
+                return await self._attempt(replica, call, tries.number, deadline)
+            except errors.ItemError as exc:
+                await tries.again(exc)  # raises it when it is final
+                self.metrics.retry(name, exc.reason)
 
     async def _attempt(
         self, replica: Replica, call: _Call, attempt: int, deadline: float | None
