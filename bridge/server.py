@@ -19,12 +19,8 @@ from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure, check_limits
-from nemo_gym_grpc.bridge.health import (
-    NOT_SERVING,
-    ROLLOUT_SERVICE_NAME,
-    SERVICE_NAME,
-    Readiness,
-)
+from nemo_gym_grpc.bridge.contract import SERVICES
+from nemo_gym_grpc.bridge.health import NOT_SERVING, Readiness
 from nemo_gym_grpc.bridge.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
 from nemo_gym_grpc.bridge.metrics import Metrics, start_metrics_server
 from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
@@ -202,11 +198,11 @@ async def _add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
     reflection of the bridge's services."""
     servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    for name in ("", SERVICE_NAME, ROLLOUT_SERVICE_NAME):  # the servicer starts "" SERVING
+    names = tuple(service.full_name for service in SERVICES)
+    for name in ("", *names):  # the servicer starts "" SERVING
         await servicer.set(name, NOT_SERVING)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, ROLLOUT_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
-        server,
+        (*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     return servicer
 
