@@ -79,6 +79,7 @@ def test_the_network_rule_reads_ss_and_flags_only_our_sockets_beyond_loopback(mo
         [
             'tcp LISTEN 0 4096 127.0.0.1:50051 0.0.0.0:* users:(("python",pid=11,fd=7))',
             'tcp LISTEN 0 4096 [::1]:50052 [::]:* users:(("python",pid=11,fd=8))',
+            'tcp LISTEN 0 4096 [::ffff:127.0.0.1]:50053 *:* users:(("python",pid=11,fd=9))',
             'tcp LISTEN 0 4096 *:6379 *:* users:(("gcs_server",pid=12,fd=9),("x",pid=13,fd=1))',
             'tcp ESTAB 0 0 192.0.2.2:4000 203.0.113.80:443 users:(("pip",pid=14,fd=3))',
             "tcp TIME-WAIT 0 0 192.0.2.2:4001 203.0.113.80:443",
@@ -88,12 +89,13 @@ def test_the_network_rule_reads_ss_and_flags_only_our_sockets_beyond_loopback(mo
         subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, lines, "")
     )
     found = listeners.sockets()
-    assert [s.pids for s in found] == [(11,), (11,), (12, 13), (14,), ()]
-    assert [listeners.is_loopback(s.local) for s in found] == [True, True, False, False, False]
+    assert [s.pids for s in found] == [(11,), (11,), (11,), (12, 13), (14,), ()]
+    loopback = [True, True, True, False, False, False]
+    assert [listeners.is_loopback(s.local) for s in found] == loopback
     assert [str(s) for s in listeners.stray_sockets({11, 13})] == [
         "tcp LISTEN *:6379 -> *:* pids [12, 13]"
     ]
-    assert listeners.stray_sockets({14}) == [found[3]]
+    assert listeners.stray_sockets({14}) == [found[4]]
 
 
 def test_our_processes_are_the_descendants_and_their_sessions():

@@ -63,11 +63,14 @@ def host_of(address: str) -> str:
 
 
 def is_loopback(address: str) -> bool:
-    """Whether ss's local "host:port" is a loopback address ("*" and 0.0.0.0 are not)."""
+    """Whether ss's local "host:port" is a loopback address, also IPv4-mapped
+    ([::ffff:127.0.0.1]); "*" and 0.0.0.0 are not."""
     try:
-        return ipaddress.ip_address(host_of(address)).is_loopback
+        ip = ipaddress.ip_address(host_of(address))
     except ValueError:
         return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # gRPC's IPv6 socket for 127.0.0.1
+    return (mapped or ip).is_loopback
 
 
 def our_processes(root: int | None = None) -> set[int]:
