@@ -1,0 +1,157 @@
+"""Whole-call redispatch: when the stream to a bridge breaks, the items it left unanswered are
+resent, once each, within the call's deadline, to another bridge of the target (or to the same
+one once it is back); every item still gets exactly one outcome, in order.
+
+Real parts: NeMo Gym 0.7's mcqa (ng_run), real bridges SIGKILLed by PID while they hold the
+call's stream (found by their own `nemo_gym_grpc_active_streams` gauge), real gRPC. Each bridge
+reaches mcqa through its own FaultProxy passing everything through, so the `/verify` POSTs that
+reached the upstream are counted per bridge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn, run_rollouts, settings
+from tests.support import BridgeProcess, Knobs, closed_port, example_rows
+from tests.support.agents import WEATHER_AGENT, WEATHER_RESOURCES
+from tests.support.fault_proxy import FaultProxy
+from tests.support.items import mcqa_row, wrong_letter
+from tests.support.prometheus_scrape import metrics_url, scrape
+
+ITEMS = 2000
+
+
+def _total(samples: dict, name: str) -> float:
+    return sum(value for (sample, _), value in samples.items() if sample == name)
+
+
+@dataclass
+class Killer:
+    """Watches `bridges` and SIGKILLs the first that holds a stream and has answered `after`
+    items of it; `killed` is that bridge, `answered` its count at the kill."""
+
+    bridges: list[BridgeProcess]
+    after: int
+    killed: BridgeProcess | None = None
+    answered: float = 0.0
+    urls: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.urls = {b.pid: metrics_url(b) for b in self.bridges}
+        self.base = {b.pid: _total(scrape(self.urls[b.pid]), "nemo_gym_grpc_items_total")
+                     for b in self.bridges}  # fmt: skip
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for bridge in self.bridges:
+                samples = scrape(self.urls[bridge.pid])
+                done = _total(samples, "nemo_gym_grpc_items_total") - self.base[bridge.pid]
+                if _total(samples, "nemo_gym_grpc_active_streams") and done >= self.after:
+                    os.kill(bridge.pid, signal.SIGKILL)
+                    self.killed, self.answered = bridge, done
+                    return
+            time.sleep(0.01)
+
+
+def mcqa_call(count: int) -> tuple[list[str], dict[str, Any], list[float]]:
+    """(completions, reward-function keywords, expected rewards) for `count` mcqa items."""
+    row = mcqa_row()
+    right = str(row["expected_answer"])
+    completions = [f"\\boxed{{{right if i % 2 else wrong_letter(right)}}}" for i in range(count)]
+    columns = {"resources_server_ref": [{"name": "mcqa"}] * count, "verify_extra": [row] * count}
+    return completions, columns, [float(i % 2) for i in range(count)]
+
+
+@pytest.fixture
+def proxied(nemo_gym, start_bridge) -> Iterator[Any]:
+    """proxied(port=0) -> (bridge, proxy): a bridge with metrics, to mcqa through its own
+    FaultProxy; `port` fixes its listen port (to start it again on the same address)."""
+    proxies: list[FaultProxy] = []
+
+    def make(port: int = 0) -> tuple[BridgeProcess, FaultProxy]:
+        proxy = FaultProxy(nemo_gym.server_urls["mcqa"]).start()
+        proxies.append(proxy)
+        bridge = start_bridge(
+            "--server", f"mcqa={proxy.url}", "--metrics-port", "0",
+            listen=f"127.0.0.1:{port}",
+        )  # fmt: skip
+        return bridge, proxy
+
+    yield make
+    for proxy in proxies:
+        proxy.close()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_the_items_of_a_killed_bridge_are_resent_to_the_other(proxied, asynchronous):
+    (b1, p1), (b2, p2) = proxied(), proxied()
+    fn = create_nemo_gym_reward_fn(
+        None, {}, target=f"ipv4:{b1.target},{b2.target}", asynchronous=asynchronous
+    )
+    completions, columns, expected = mcqa_call(ITEMS)
+    killer = Killer([b1, b2], after=200)
+    rewards = fn(completions, **columns)
+    if asynchronous:
+        rewards = asyncio.run(rewards)
+    killer.thread.join()
+    assert killer.killed is not None and 200 <= killer.answered < ITEMS  # mid-call
+    assert rewards == expected  # every item scored, in order; none None, none twice
+    # the upstream saw each item at least once; those in flight at the kill, twice
+    assert p1.total + p2.total >= ITEMS
+
+
+def test_with_one_bridge_the_items_are_resent_to_it_once_it_is_back(proxied, monkeypatch):
+    port = closed_port()
+    bridge, _ = proxied(port)
+    monkeypatch.setenv(settings.CONNECT_TIMEOUT_ENV, "30")
+    fn = create_nemo_gym_reward_fn(None, {}, target=bridge.target, batch_timeout=120)
+    completions, columns, expected = mcqa_call(ITEMS)
+    killer = Killer([bridge], after=200)
+
+    def restart() -> None:
+        killer.thread.join()
+        time.sleep(1.0)
+        proxied(port)  # a new bridge on the same address
+
+    again = threading.Thread(target=restart)
+    again.start()
+    rewards = fn(completions, **columns)
+    again.join()
+    assert killer.killed is bridge and 200 <= killer.answered < ITEMS
+    assert rewards == expected
+
+
+def test_rollouts_are_resent_only_when_their_run_cannot_have_started(agent_stack, start_bridge):
+    """A bridge that holds 4 rollouts at a time (`--max-stream-items 4`) of a slow agent stops
+    reading the stream; of 600 rollouts, those gRPC never took from the client cannot have
+    reached any agent and go to the other bridge; those it took fail with the call's status."""
+    agents = ["--agent", f"{WEATHER_AGENT}={agent_stack.agent_urls[WEATHER_AGENT]}"]
+    holding = start_bridge(*agents, "--max-stream-items", "4", "--metrics-port", "0")
+    other = start_bridge(*agents)
+    agent_stack.policy.knobs = Knobs(delay=0.5)
+    row = example_rows(WEATHER_RESOURCES)[0]
+    rows = [dict(row, agent_ref={"name": WEATHER_AGENT}) for _ in range(600)]
+    killer = Killer([holding], after=4)
+    try:
+        outcomes = run_rollouts(rows, target=f"ipv4:{holding.target},{other.target}")
+    finally:
+        agent_stack.policy.reset()
+    killer.thread.join()
+    failed = [o for o in outcomes if not hasattr(o, "rollout")]
+    assert killer.killed is holding
+    assert all(f.whole_call and f.code == "UNAVAILABLE" for f in failed)
+    assert 0 < len(failed) < 600 - 4  # some resent and finished, the started ones not resent
+    assert all(o.rollout.reward == 1.0 for o in outcomes if hasattr(o, "rollout"))
