@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn, run_rollouts, settings
-from tests.support import BridgeProcess, Knobs, closed_port, example_rows
+from tests.support import BridgeProcess, closed_port, example_rows, start_bridge
 from tests.support.agents import WEATHER_AGENT, WEATHER_RESOURCES
 from tests.support.fault_proxy import FaultProxy
 from tests.support.items import mcqa_row, wrong_letter
@@ -37,19 +37,21 @@ def _total(samples: dict, name: str) -> float:
 
 @dataclass
 class Killer:
-    """Watches `bridges` and SIGKILLs the first that holds a stream and has answered `after`
-    items of it; `killed` is that bridge, `answered` its count at the kill."""
+    """Watches `bridges` and SIGKILLs the first that has answered `after` items since (its
+    `done` counter) and is busy (its `busy` gauge above 0, if given: a stream open); `killed`
+    is that bridge, `answered` its count at the kill."""
 
     bridges: list[BridgeProcess]
     after: int
+    busy: str | None = "nemo_gym_grpc_active_streams"
+    done: str = "nemo_gym_grpc_items_total"
     killed: BridgeProcess | None = None
     answered: float = 0.0
     urls: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.urls = {b.pid: metrics_url(b) for b in self.bridges}
-        self.base = {b.pid: _total(scrape(self.urls[b.pid]), "nemo_gym_grpc_items_total")
-                     for b in self.bridges}  # fmt: skip
+        self.base = {b.pid: _total(scrape(self.urls[b.pid]), self.done) for b in self.bridges}
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
 
@@ -58,8 +60,9 @@ class Killer:
         while time.monotonic() < deadline:
             for bridge in self.bridges:
                 samples = scrape(self.urls[bridge.pid])
-                done = _total(samples, "nemo_gym_grpc_items_total") - self.base[bridge.pid]
-                if _total(samples, "nemo_gym_grpc_active_streams") and done >= self.after:
+                done = _total(samples, self.done) - self.base[bridge.pid]
+                busy = self.busy is None or _total(samples, self.busy)
+                if busy and done >= self.after:
                     os.kill(bridge.pid, signal.SIGKILL)
                     self.killed, self.answered = bridge, done
                     return
@@ -76,22 +79,20 @@ def mcqa_call(count: int) -> tuple[list[str], dict[str, Any], list[float]]:
 
 
 @pytest.fixture
-def proxied(nemo_gym, start_bridge) -> Iterator[Any]:
+def proxied(nemo_gym) -> Iterator[Any]:
     """proxied(port=0) -> (bridge, proxy): a bridge with metrics, to mcqa through its own
     FaultProxy; `port` fixes its listen port (to start it again on the same address)."""
-    proxies: list[FaultProxy] = []
+    started: list[tuple[BridgeProcess, FaultProxy]] = []
 
     def make(port: int = 0) -> tuple[BridgeProcess, FaultProxy]:
         proxy = FaultProxy(nemo_gym.server_urls["mcqa"]).start()
-        proxies.append(proxy)
-        bridge = start_bridge(
-            "--server", f"mcqa={proxy.url}", "--metrics-port", "0",
-            listen=f"127.0.0.1:{port}",
-        )  # fmt: skip
-        return bridge, proxy
+        args = ("--server", f"mcqa={proxy.url}", "--metrics-port", "0")
+        started.append((start_bridge(*args, listen=f"127.0.0.1:{port}"), proxy))
+        return started[-1]
 
     yield make
-    for proxy in proxies:
+    for bridge, proxy in started:
+        bridge.stop()
         proxy.close()
 
 
@@ -134,24 +135,24 @@ def test_with_one_bridge_the_items_are_resent_to_it_once_it_is_back(proxied, mon
     assert rewards == expected
 
 
-def test_rollouts_are_resent_only_when_their_run_cannot_have_started(agent_stack, start_bridge):
-    """A bridge that holds 4 rollouts at a time (`--max-stream-items 4`) of a slow agent stops
-    reading the stream; of 600 rollouts, those gRPC never took from the client cannot have
-    reached any agent and go to the other bridge; those it took fail with the call's status."""
+def test_rollouts_are_resent_only_when_their_run_cannot_have_started(agent_stack, request):
+    """Bridges that hold 64 rollouts at a time (`--max-stream-items 64`, one message) stop
+    reading the stream meanwhile: of 640 rollouts, those gRPC never took from the client cannot
+    have reached any agent and go to the other bridge when the first is SIGKILLed; those it took
+    and did not answer fail with the call's status (their `/run` may have started)."""
     agents = ["--agent", f"{WEATHER_AGENT}={agent_stack.agent_urls[WEATHER_AGENT]}"]
-    holding = start_bridge(*agents, "--max-stream-items", "4", "--metrics-port", "0")
-    other = start_bridge(*agents)
-    agent_stack.policy.knobs = Knobs(delay=0.5)
+    bridges = [
+        start_bridge(*agents, "--max-stream-items", "64", "--metrics-port", "0") for _ in range(2)
+    ]
+    for bridge in bridges:
+        request.addfinalizer(bridge.stop)
     row = example_rows(WEATHER_RESOURCES)[0]
-    rows = [dict(row, agent_ref={"name": WEATHER_AGENT}) for _ in range(600)]
-    killer = Killer([holding], after=4)
-    try:
-        outcomes = run_rollouts(rows, target=f"ipv4:{holding.target},{other.target}")
-    finally:
-        agent_stack.policy.reset()
+    rows = [dict(row, agent_ref={"name": WEATHER_AGENT}) for _ in range(640)]
+    killer = Killer(bridges, after=64, busy=None, done="nemo_gym_grpc_rollouts_total")
+    outcomes = run_rollouts(rows, target=f"ipv4:{bridges[0].target},{bridges[1].target}")
     killer.thread.join()
     failed = [o for o in outcomes if not hasattr(o, "rollout")]
-    assert killer.killed is holding
+    assert killer.killed is not None and 64 <= killer.answered < 640
     assert all(f.whole_call and f.code == "UNAVAILABLE" for f in failed)
-    assert 0 < len(failed) < 600 - 4  # some resent and finished, the started ones not resent
+    assert 0 < len(failed) < 640 - killer.answered  # some resent and run, the started ones not
     assert all(o.rollout.reward == 1.0 for o in outcomes if hasattr(o, "rollout"))
