@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,13 +38,14 @@ def _total(samples: dict, name: str) -> float:
 @dataclass
 class Killer:
     """Watches `bridges` and SIGKILLs the first that has answered `after` items since (its
-    `done` counter) and is busy (its `busy` gauge above 0, if given: a stream open); `killed`
-    is that bridge, `answered` its count at the kill."""
+    `done` counter) and is busy (its `busy` gauge above 0, if given: a stream open), calling
+    `before_kill` first; `killed` is that bridge, `answered` its count at the kill."""
 
     bridges: list[BridgeProcess]
     after: int
     busy: str | None = "nemo_gym_grpc_active_streams"
     done: str = "nemo_gym_grpc_items_total"
+    before_kill: Callable[[], object] = lambda: None
     killed: BridgeProcess | None = None
     answered: float = 0.0
     urls: dict[int, str] = field(default_factory=dict)
@@ -63,6 +64,7 @@ class Killer:
                 done = _total(samples, self.done) - self.base[bridge.pid]
                 busy = self.busy is None or _total(samples, self.busy)
                 if busy and done >= self.after:
+                    self.before_kill()
                     os.kill(bridge.pid, signal.SIGKILL)
                     self.killed, self.answered = bridge, done
                     return
@@ -136,23 +138,32 @@ def test_with_one_bridge_the_items_are_resent_to_it_once_it_is_back(proxied, mon
 
 
 def test_rollouts_are_resent_only_when_their_run_cannot_have_started(agent_stack, request):
-    """Bridges that hold 64 rollouts at a time (`--max-stream-items 64`, one message) stop
-    reading the stream meanwhile: of 640 rollouts, those gRPC never took from the client cannot
-    have reached any agent and go to the other bridge when the first is SIGKILLed; those it took
-    and did not answer fail with the call's status (their `/run` may have started)."""
-    agents = ["--agent", f"{WEATHER_AGENT}={agent_stack.agent_urls[WEATHER_AGENT]}"]
-    bridges = [
-        start_bridge(*agents, "--max-stream-items", "64", "--metrics-port", "0") for _ in range(2)
-    ]
-    for bridge in bridges:
-        request.addfinalizer(bridge.stop)
-    row = example_rows(WEATHER_RESOURCES)[0]
-    rows = [dict(row, agent_ref={"name": WEATHER_AGENT}) for _ in range(640)]
-    killer = Killer(bridges, after=64, busy=None, done="nemo_gym_grpc_rollouts_total")
-    outcomes = run_rollouts(rows, target=f"ipv4:{bridges[0].target},{bridges[1].target}")
+    """A bridge that holds 64 rollouts at a time (`--max-stream-items 64`) stops reading the
+    stream meanwhile, so gRPC stops taking rows of 50 kB from the client once its buffers are
+    full. The bridge is SIGKILLed after 64 rollouts: those gRPC had taken and no result came
+    for fail with the call's status (their `/run` may have started); those it never took
+    cannot have reached any agent and are resent to the target's other bridge, which is up
+    by then (and whose agent refuses connections: each of them fails alone, quickly)."""
+    agent = f"{WEATHER_AGENT}={agent_stack.agent_urls[WEATHER_AGENT]}"
+    first = start_bridge("--agent", agent, "--max-stream-items", "64", "--metrics-port", "0")
+    request.addfinalizer(first.stop)
+    port = closed_port()  # the second bridge's, down when the call starts: it goes to `first`
+
+    def start_second() -> None:
+        refused = f"{WEATHER_AGENT}=http://127.0.0.1:{closed_port()}"
+        request.addfinalizer(start_bridge("--agent", refused, listen=f"127.0.0.1:{port}").stop)
+
+    row = dict(example_rows(WEATHER_RESOURCES)[0], agent_ref={"name": WEATHER_AGENT})
+    rows = [dict(row, padding="x" * 50_000) for _ in range(2000)]
+    killer = Killer([first], after=64, busy=None, done="nemo_gym_grpc_rollouts_total",
+                    before_kill=start_second)  # fmt: skip
+    outcomes = run_rollouts(rows, target=f"ipv4:{first.target},127.0.0.1:{port}")
     killer.thread.join()
-    failed = [o for o in outcomes if not hasattr(o, "rollout")]
-    assert killer.killed is not None and 64 <= killer.answered < 640
-    assert all(f.whole_call and f.code == "UNAVAILABLE" for f in failed)
-    assert 0 < len(failed) < 640 - killer.answered  # some resent and run, the started ones not
-    assert all(o.rollout.reward == 1.0 for o in outcomes if hasattr(o, "rollout"))
+    ran = [o for o in outcomes if hasattr(o, "rollout")]
+    cut = [o for o in outcomes if not hasattr(o, "rollout") and o.whole_call]
+    resent = [o for o in outcomes if not hasattr(o, "rollout") and not o.whole_call]
+    assert killer.killed is first and len(ran) >= 64
+    assert all(o.rollout.reward == 1.0 for o in ran)
+    assert cut and {(o.code, o.message) for o in cut} == {("UNAVAILABLE", cut[0].message)}
+    assert resent and {o.reason for o in resent} == {"UPSTREAM_UNAVAILABLE"}  # the 2nd's agent
+    assert len(ran) + len(cut) + len(resent) == 2000
