@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.support import listeners
-from tests.support.hosts import Hosts, HostsUnavailable, namespace_pids
+from tests.support.hosts import hosts_for_test, namespace_pids
 from tests.support.procs import list_processes
 
 SERVE = (
@@ -27,12 +27,7 @@ FETCH = (
 
 @pytest.fixture
 def hosts(tmp_path):
-    try:
-        made = Hosts(2).start()
-    except HostsUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(str(exc), pytrace=False)
-        pytest.skip(str(exc))
+    made = hosts_for_test(2)
     yield made
     made.stop()
 

@@ -13,7 +13,6 @@ build/ray_fleet_results.json (docs/performance.md quotes a run).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import pytest
 from nemo_gym_grpc.rewards import ray_target
 from tests.stacks_common import VERL_PYTHON, answers, export_examples
 from tests.support import ensure_venv
-from tests.support.hosts import Hosts, HostsUnavailable
+from tests.support.hosts import Hosts, hosts_for_test
 from tests.support.listeners import stray_sockets
 from tests.support.ray_nodes import REPO, RayNodes
 from tests.support.stack import NemoGymServers
@@ -76,12 +75,7 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     workdir = tmp_path_factory.mktemp("ray_fleet")
-    try:
-        hosts = Hosts(3).start()
-    except HostsUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"multi-host test cannot run: {exc}", pytrace=False)
-        pytest.skip(str(exc))
+    hosts = hosts_for_test(3)
     cluster = RayNodes(hosts, workdir, cpus=2)
     try:
         cluster.start()

@@ -12,7 +12,6 @@ version) with nemo-gym-grpc[ray] on its PYTHONPATH (tests/support/gym_ray.py). N
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 
 from tests.support import ensure_venv
 from tests.support.gym_ray import gym_pythonpath
-from tests.support.hosts import Hosts, HostsUnavailable
+from tests.support.hosts import hosts_for_test
 from tests.support.ray_nodes import REPO, RayNodes
 from tests.support.stack import NemoGymServers
 
@@ -50,12 +49,7 @@ class GymCluster:
 @pytest.fixture(scope="module")
 def gym_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymCluster]:
     workdir = tmp_path_factory.mktemp("gym_cluster")
-    try:
-        hosts = Hosts(2).start()
-    except HostsUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"multi-host test cannot run: {exc}", pytrace=False)
-        pytest.skip(str(exc))
+    hosts = hosts_for_test(2)
     venv = ensure_venv(version="0.7.0")
     path = gym_pythonpath(venv, workdir)
     env = {"PYTHONPATH": path, "RAY_AUTH_MODE": "disabled"}

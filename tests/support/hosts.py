@@ -230,3 +230,17 @@ class Hosts:
         self.made.clear()
         self._groups.clear()
         procs.live.discard(self)
+
+
+def hosts_for_test(count: int) -> Hosts:
+    """`Hosts(count)`, started, for a test: where namespaces cannot be made, the test fails
+    when env CI is set (CI runs as root) and is skipped otherwise."""
+    import pytest
+
+    try:
+        return Hosts(count).start()
+    except HostsUnavailable as exc:
+        problem = f"multi-host test cannot run: {exc}"
+    if os.environ.get("CI"):
+        pytest.fail(problem, pytrace=False)
+    pytest.skip(problem)
