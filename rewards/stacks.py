@@ -3,7 +3,7 @@
 Those stacks hand a reward function text and a label, not a NeMo Gym row. Each adapter
 (`verl.py`, `slime.py`, `openrlhf.py`) reads the NeMo Gym row and the resources server name
 from where `export.py` put them and builds `StackItem`s; this module sends them over one
-`VerifyStream` (the same `convert.build_batch` / `client.verify_batch` path as
+`VerifyStream` (the same `convert.build_batch` / `stream.verify_batch` path as
 `reward_nemo_gym_verify`, the same settings and embedded bridge) and applies the stacks'
 failure policy.
 
@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_gym_grpc.rewards import client, convert, embedded, policy, settings
-from nemo_gym_grpc.rewards.outcomes import INVALID_ITEM, Failure, Outcome
+from nemo_gym_grpc.rewards.client import convert, embedded, policy, settings, stream
+from nemo_gym_grpc.rewards.client.outcomes import INVALID_ITEM, Failure, Outcome
 
 # `model` written into the Responses object the bridge builds from each completion.
 MODEL = "nemo-gym-grpc"
@@ -136,13 +136,13 @@ def score_items(items: Sequence[StackItem]) -> list[Outcome]:
     """One outcome per item, in order, over one `VerifyStream` (grpcio, the shared channel).
 
     Target, TLS, token, timeouts: `settings.py` (`NEMO_GYM_GRPC_TARGET`, or an embedded
-    bridge discovering servers from `NEMO_GYM_HEAD_URL`). Raises what `client.verify_batch`
+    bridge discovering servers from `NEMO_GYM_HEAD_URL`). Raises what `stream.verify_batch`
     and `convert.build_batch` raise (ValueError, TypeError, ProtocolError)."""
     batch = _batch(items)
     sent: Mapping[str, Outcome] = {}
     if batch.requests:
         target = settings.target()
-        sent = client.verify_batch(
+        sent = stream.verify_batch(
             target or embedded.ensure_bridge(_spec()),
             batch.requests,
             timeout=settings.batch_timeout(),
@@ -164,7 +164,7 @@ async def score_items_async(items: Sequence[StackItem]) -> list[Outcome]:
             if target is not None
             else await asyncio.to_thread(embedded.ensure_bridge, _spec())
         )
-        sent = await client.verify_batch_async(
+        sent = await stream.verify_batch_async(
             address,
             batch.requests,
             timeout=settings.batch_timeout(),

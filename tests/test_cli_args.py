@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_grpc.bridge import cli as cli_module
+from nemo_gym_grpc.bridge import cli as bridge_cli
 from nemo_gym_grpc.bridge.cli import PROCESS_FLAGS, parse_args
 from nemo_gym_grpc.bridge.config import TOKEN_ENV, BridgeConfig
-from nemo_gym_grpc.rewards import scorefile, settings
+from nemo_gym_grpc.rewards.tools import cli as top_cli
+from nemo_gym_grpc.rewards.tools import scorefile
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -47,19 +48,20 @@ def _no_start(monkeypatch):
     def started(*args, **kwargs):
         raise AssertionError("got past argument checking")
 
-    monkeypatch.setattr(cli_module, "run", started)
-    monkeypatch.setattr(cli_module, "run_workers", started)
+    monkeypatch.setattr(bridge_cli, "run", started)
+    monkeypatch.setattr(bridge_cli, "run_workers", started)
     monkeypatch.setattr(scorefile, "plan", started)
 
 
 @pytest.fixture
 def main(capsys, _no_start):
-    """main(*args) -> CompletedProcess: `cli.main(args)` in this process, its exit status
-    (SystemExit's code or the return value) and what it wrote to stderr."""
+    """main(*args) -> CompletedProcess: the `nemo-gym-grpc` console script's `main(args)` in
+    this process, its exit status (SystemExit's code or the return value) and what it wrote
+    to stderr."""
 
     def run_main(*args: str) -> subprocess.CompletedProcess:
         try:
-            code = cli_module.main(list(args))
+            code = top_cli.main(list(args))
         except SystemExit as exit_:
             code = exit_.code
         captured = capsys.readouterr()
@@ -281,10 +283,15 @@ def test_help_names_every_flag_and_its_variable(main):
     assert "(default 0.0)" in text  # --max-connection-age: a 0 default is still shown
 
 
-def test_score_help_names_the_trainer_side_variables_by_their_home():
-    assert (cli_module.TARGET_ENV, cli_module.HEAD_URL_ENV, cli_module.BATCH_TIMEOUT_ENV) == (
-        settings.TARGET_ENV,
-        settings.HEAD_URL_ENV,
-        settings.BATCH_TIMEOUT_ENV,
-    )
-    assert cli_module.DEFAULT_HEAD_URL == settings.DEFAULT_HEAD_URL
+def test_the_bridge_command_line_has_serve_only(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["score", "in.jsonl", "-o", "out.jsonl"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'score'" in capsys.readouterr().err
+
+
+def test_the_console_script_lists_every_command(main):
+    done = main("--help")
+    assert done.returncode == 0
+    for command in ("serve", "score", "export", "openrlhf-rm"):
+        assert command in done.stdout

@@ -81,12 +81,13 @@ def test_installed_wheel_is_not_shadowed_by_a_users_rewards_py(wheel, tmp_path):
     assert requires and not any("torch" in line.lower() for line in requires)
 
 
-def test_the_bridge_cli_does_not_import_the_trainer_side():
-    # rewards/__init__.py sets GRPC_ENABLE_FORK_SUPPORT for the trainer; the bridge must not
-    # load it (nor the rest of rewards/), not even to parse `score`'s command line.
+def test_no_bridge_module_imports_the_trainer_side():
+    # `nemo_gym_grpc.rewards.client` sets GRPC_ENABLE_FORK_SUPPORT for the trainer; the bridge
+    # must not load it (nor anything else of rewards/).
     probe = (
-        "import os, sys; from nemo_gym_grpc.bridge import cli;"
-        "cli.parse_args(['serve']); cli.parse_args(['score', 'in.jsonl', '-o', 'out.jsonl']);"
+        "import importlib, os, pkgutil, sys, nemo_gym_grpc.bridge as b;"
+        "[importlib.import_module(m.name) for m in pkgutil.walk_packages(b.__path__, b.__name__ + '.')"
+        " if not m.name.endswith('__main__')];"
         "print([m for m in sys.modules if m.startswith('nemo_gym_grpc.rewards')]);"
         "print(os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))"
     )
@@ -95,3 +96,24 @@ def test_the_bridge_cli_does_not_import_the_trainer_side():
         [sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True
     )
     assert out.stdout.split("\n")[:2] == ["[]", "None"]
+
+
+def test_serve_through_the_console_script_loads_no_trainer_client():
+    # `nemo-gym-grpc serve` is the bridge's own command line: the console script lives on the
+    # trainer side, yet `serve` gets no gRPC client and no GRPC_ENABLE_FORK_SUPPORT.
+    probe = (
+        "import os, sys; from nemo_gym_grpc.bridge import cli as b;"
+        "from nemo_gym_grpc.rewards.tools import cli;"
+        "b.run = lambda config: print(sorted(m for m in sys.modules"
+        " if m.startswith('nemo_gym_grpc.rewards.')), os.environ.get('GRPC_ENABLE_FORK_SUPPORT'),"
+        " config.servers);"
+        "cli.main(['serve', '--server', 'x=http://127.0.0.1:1'])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True
+    )
+    assert (
+        out.stdout.strip()
+        == "['nemo_gym_grpc.rewards.tools', 'nemo_gym_grpc.rewards.tools.cli'] None {'x': ['http://127.0.0.1:1']}"
+    )

@@ -30,17 +30,12 @@ from grpc_status import rpc_status
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
-    channels,
-    client,
     create_nemo_gym_reward_fn,
-    embedded,
-    outcomes,
     reward_nemo_gym_verify,
     reward_nemo_gym_verify_async,
-    score,
-    scorefile,
-    settings,
 )
+from nemo_gym_grpc.rewards.client import channels, embedded, outcomes, settings, stream
+from nemo_gym_grpc.rewards.tools import score, scorefile
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port
 from tests.support.waiting import wait_until
@@ -194,7 +189,7 @@ def test_the_batch_deadline_ends_a_stalled_stream(scripted, caplog, asynchronous
 
 def test_an_item_over_the_message_limit_fails_alone(scripted, caplog, asynchronous):
     target, _ = scripted
-    huge = "1" + " " * client.MAX_MESSAGE_BYTES
+    huge = "1" + " " * stream.MAX_MESSAGE_BYTES
     reward_fn = create_nemo_gym_reward_fn({}, {}, target=target, asynchronous=asynchronous)
     with caplog.at_level(logging.WARNING, logger="nemo_gym_grpc.rewards"):
         rewards = _run(
@@ -237,16 +232,16 @@ def test_verify_batch_returns_one_outcome_per_request_id(scripted, asynchronous)
     ids = ["a", "too-big", "b", "c"]
     requests = [
         verify_pb2.VerifyRequest(request_id=i, resources_server="echo", completion=c)
-        for i, c in zip(ids, ["1", "1" + " " * client.MAX_MESSAGE_BYTES, "2", "3"], strict=True)
+        for i, c in zip(ids, ["1", "1" + " " * stream.MAX_MESSAGE_BYTES, "2", "3"], strict=True)
     ]
-    verify = client.verify_batch_async if asynchronous else client.verify_batch
+    verify = stream.verify_batch_async if asynchronous else stream.verify_batch
     sent = verify(target, requests, timeout=30, connect_timeout=10)
     sent = asyncio.run(sent) if asynchronous else sent
     assert sorted(sent) == sorted(ids)
     assert [sent[i].reward for i in ("a", "b", "c")] == [1.0, 2.0, 3.0]
     assert (sent["too-big"].code, sent["too-big"].reason) == ("INVALID_ARGUMENT", "ITEM_TOO_LARGE")
     with pytest.raises(ValueError, match="duplicate request_id 'a'"):
-        client.verify_batch(target, requests[:1] * 2, timeout=30, connect_timeout=10)
+        stream.verify_batch(target, requests[:1] * 2, timeout=30, connect_timeout=10)
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,7 +314,13 @@ def test_sigterm_stops_the_score_command_with_a_valid_prefix(scripted, tmp_path)
     (tmp_path / "rows.jsonl").write_text(rows)
     out = tmp_path / "out.jsonl"
     ended_before = len(servicer.stalls_ended)
-    command = [sys.executable, "-m", "nemo_gym_grpc.bridge", "score", str(tmp_path / "rows.jsonl")]
+    command = [
+        sys.executable,
+        "-m",
+        "nemo_gym_grpc.rewards.tools",
+        "score",
+        str(tmp_path / "rows.jsonl"),
+    ]
     command += ["-o", str(out), "--target", target, "--batch-size", "2", "--no-progress"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -1,5 +1,5 @@
 """The rollout client's pure parts: rows -> RunRequests (`rollouts.build_requests`), prompts ->
-dataset rows (`trl_rollouts.RowIndex`), outcomes -> TRL's rollout_func output (NaN and masked
+dataset rows (`RowIndex`), outcomes -> TRL's rollout_func output (NaN and masked
 for failures), the failure guard; a call to a bridge that is not there (real gRPC), and an
 embedded bridge whose head server is not there (a real bridge process)."""
 
@@ -16,16 +16,14 @@ import pytest
 from nemo_gym_grpc.rewards import (
     ScoringError,
     arun_rollouts,
-    client,
     create_nemo_gym_rollout_func,
-    embedded,
     reward_env,
-    rollouts,
     run_rollouts,
-    settings,
-    trl_rollouts,
 )
-from nemo_gym_grpc.rewards.outcomes import INVALID_ITEM, NO_TOKENS, Failure
+from nemo_gym_grpc.rewards.client import embedded, rollouts, settings, stream
+from nemo_gym_grpc.rewards.client.outcomes import INVALID_ITEM, NO_TOKENS, Failure
+from nemo_gym_grpc.rewards.trl import rollout_func as trl_rollouts
+from nemo_gym_grpc.rewards.trl.rows import RowIndex, nemo_gym_row
 from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
 PARAMS = {"input": [{"role": "user", "content": "What is 2 + 3?"}]}
@@ -97,30 +95,30 @@ def test_rows_and_prompts_of_other_lengths_are_refused():
 
 def test_a_prompt_finds_its_dataset_row_however_its_dicts_are_ordered():
     prompt = [{"role": "user", "content": "q0"}]
-    index = trl_rollouts.RowIndex(
+    index = RowIndex(
         [{"prompt": prompt, "verify_extra": _row()}, {"prompt": "q1", "verify_extra": None}]
     )
     assert index.row([{"content": "q0", "role": "user"}])["verify_extra"] == _row()
-    assert trl_rollouts.nemo_gym_row(index.row(prompt), "verify_extra") == _row()
+    assert nemo_gym_row(index.row(prompt), "verify_extra") == _row()
     # without the column: the dataset row without its prompt
-    assert trl_rollouts.nemo_gym_row(index.row("q1"), "verify_extra") == {"verify_extra": None}
+    assert nemo_gym_row(index.row("q1"), "verify_extra") == {"verify_extra": None}
     with pytest.raises(KeyError, match="no dataset row has the prompt 'q2'"):
         index.row("q2")
     # JSON text in the column (no Arrow None-filling)
     as_text = {"prompt": "q", "verify_extra": json.dumps(_row())}
-    assert trl_rollouts.nemo_gym_row(as_text, "verify_extra") == _row()
+    assert nemo_gym_row(as_text, "verify_extra") == _row()
     with pytest.raises(ValueError, match="not a JSON object"):
-        trl_rollouts.nemo_gym_row({"prompt": "q", "verify_extra": "[1]"}, "verify_extra")
+        nemo_gym_row({"prompt": "q", "verify_extra": "[1]"}, "verify_extra")
 
 
 def test_equal_rows_may_share_a_prompt_but_different_rows_may_not():
     same = {"prompt": "q", "expected": 1}
-    assert len(trl_rollouts.RowIndex([same, dict(same)])) == 1
-    index = trl_rollouts.RowIndex([same, {"prompt": "q", "expected": 2}])
+    assert len(RowIndex([same, dict(same)])) == 1
+    index = RowIndex([same, {"prompt": "q", "expected": 2}])
     with pytest.raises(ValueError, match="2 different dataset rows have the prompt"):
         index.row("q")
     with pytest.raises(ValueError, match="row 0 has no `prompt`"):
-        trl_rollouts.RowIndex([{"question": "q"}])
+        RowIndex([{"question": "q"}])
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,7 +201,7 @@ def test_a_bridge_that_is_not_there_fails_every_rollout_as_it_fails_every_score(
     else:
         outcomes = run_rollouts(rows, agent="a", target=target, batch_timeout=5)
     waited = time.monotonic() - began
-    scored = client.verify_batch(
+    scored = stream.verify_batch(
         target,
         [verify_pb2.VerifyRequest(request_id="v", resources_server="mcqa")],
         timeout=600,  # the reward functions' default batch deadline

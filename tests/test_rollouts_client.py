@@ -20,9 +20,11 @@ from typing import Any
 import pytest
 import requests
 
-from nemo_gym_grpc.rewards import arun_rollouts, run_rollouts, settings, trl_rollouts
-from nemo_gym_grpc.rewards.outcomes import Failure
-from nemo_gym_grpc.rewards.stitch import stitch
+from nemo_gym_grpc.rewards import arun_rollouts, run_rollouts
+from nemo_gym_grpc.rewards.client import settings
+from nemo_gym_grpc.rewards.client.outcomes import Failure
+from nemo_gym_grpc.rewards.trl import rollout_func as trl_rollouts
+from nemo_gym_grpc.rewards.trl.stitch import stitch
 from nemo_gym_grpc.v1 import rollout_pb2
 from tests.support import closed_port, example_rows
 from tests.support import start_bridge as _start_bridge

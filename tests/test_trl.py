@@ -31,7 +31,7 @@ import time
 import pytest
 import requests
 
-from nemo_gym_grpc.rewards import settings
+from nemo_gym_grpc.rewards.client import settings
 
 
 def _import(name: str):

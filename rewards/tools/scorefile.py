@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_grpc.rewards.convert import InvalidText, proto_text
-from nemo_gym_grpc.rewards.outcomes import (
+from nemo_gym_grpc.rewards.client.convert import InvalidText, proto_text
+from nemo_gym_grpc.rewards.client.outcomes import (
     INVALID_ITEM,
     INVALID_ROW,
     NO_RESOURCES_SERVER,

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_gym_grpc.rewards import channels, client, convert, embedded, settings
-from nemo_gym_grpc.rewards.outcomes import INVALID_ITEM, Failure, RunOutcome
+from nemo_gym_grpc.rewards.client import channels, convert, embedded, settings, stream
+from nemo_gym_grpc.rewards.client.outcomes import INVALID_ITEM, Failure, RunOutcome
 from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
 RolloutBatch = convert.Batch[rollout_pb2.RunRequest, rollout_pb2.RunResponse]
@@ -221,7 +221,7 @@ def run_rollouts(
     sent: Mapping[str, RunOutcome] = {}
     if batch.requests:
         address = config.target or embedded.ensure_bridge(_head_server_bridge())
-        sent = client.run_batch(
+        sent = stream.run_batch(
             address,
             batch.requests,
             timeout=config.timeout,
@@ -260,7 +260,7 @@ async def arun_rollouts(
         address = config.target
         if address is None:
             address = await asyncio.to_thread(embedded.ensure_bridge, _head_server_bridge())
-        sent = await client.run_batch_async(
+        sent = await stream.run_batch_async(
             address,
             batch.requests,
             timeout=config.timeout,

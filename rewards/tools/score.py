@@ -37,8 +37,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from nemo_gym_grpc.rewards import channels, client, embedded, scorefile, settings
-from nemo_gym_grpc.rewards.outcomes import Failure, Outcome, ProtocolError
+from nemo_gym_grpc.rewards.client import channels, embedded, settings, stream
+from nemo_gym_grpc.rewards.client.outcomes import Failure, Outcome, ProtocolError
+from nemo_gym_grpc.rewards.tools import scorefile
 
 CALL_ATTEMPTS = 3
 CALL_BACKOFF = 1.0  # seconds before attempt n + 1: n x this (1 s, then 2 s)
@@ -72,7 +73,7 @@ class FileScorer:
     Args:
         target: the bridge's gRPC target.
         security: token (and TLS files) for each call.
-        batch_timeout, connect_timeout: seconds (see `client.verify_batch`).
+        batch_timeout, connect_timeout: seconds (see `stream.verify_batch`).
         concurrency: calls in flight at once.
         stop: set it (e.g. from a signal handler) to end the run early.
     """
@@ -110,7 +111,7 @@ class FileScorer:
             for attempt in range(1, CALL_ATTEMPTS + 1):
                 if not todo:
                     break
-                sent = await client.verify_batch_async(
+                sent = await stream.verify_batch_async(
                     self.target,
                     todo,
                     timeout=self.batch_timeout,

@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_grpc.rewards import convert
-from nemo_gym_grpc.rewards.score import output_problem
+from nemo_gym_grpc.rewards.client import convert
 from nemo_gym_grpc.rewards.stacks import ROW_KEY, SERVER_KEY
+from nemo_gym_grpc.rewards.tools.score import output_problem
 
 FORMATS = ("verl", "slime", "openrlhf")
 ABILITY = "nemo_gym"

@@ -39,8 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_gym_grpc.rewards import settings
-from nemo_gym_grpc.rewards.per_process import PerProcess
+from nemo_gym_grpc.rewards.client import per_process, settings
+from nemo_gym_grpc.rewards.client.per_process import PerProcess
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +88,10 @@ class BridgeSpec:
 
 
 def _child_env() -> dict[str, str]:
-    """The caller's environment, with relative PYTHONPATH entries made absolute (the bridge
-    runs in another working directory) and without the gRPC fork support that this package
-    turned on for the trainer process (see `nemo_gym_grpc.rewards`)."""
-    from nemo_gym_grpc import rewards
-
-    env = dict(os.environ)
-    if rewards.FORK_SUPPORT_DEFAULTED:
-        env.pop("GRPC_ENABLE_FORK_SUPPORT", None)  # set by this package for the trainer only
+    """The caller's environment (`per_process.child_env`: without the gRPC fork support set
+    for the trainer), with relative PYTHONPATH entries made absolute (the bridge runs in
+    another working directory)."""
+    env = per_process.child_env()
     if env.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.pathsep.join(
             os.path.abspath(p) if p else os.getcwd() for p in env["PYTHONPATH"].split(os.pathsep)

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from nemo_gym_grpc.rewards.channels import Security
+from nemo_gym_grpc.rewards.client.channels import Security
 
 T = TypeVar("T")
 

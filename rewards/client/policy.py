@@ -19,7 +19,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from nemo_gym_grpc.rewards.outcomes import Failure, Outcome
+from nemo_gym_grpc.rewards.client.outcomes import Failure, Outcome
 
 log = logging.getLogger("nemo_gym_grpc.rewards")
 

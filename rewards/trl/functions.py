@@ -9,7 +9,7 @@ the reward (float), or for an item that could not be scored what the failure pol
 One call = one `VerifyStream` RPC carrying the whole batch. The `*_async` forms do the same
 over `grpc.aio` for TRL's async reward path. When TRL passes `log_metric` / `log_extra`, the
 per-item extras (failures, reward components, numeric reply fields) go to them
-(`trl_logging.py`). Settings not given as keywords come from environment variables, read at
+(`logs.py`). Settings not given as keywords come from environment variables, read at
 each call: see `settings.py`.
 """
 
@@ -21,8 +21,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_gym_grpc.rewards import channels, client, convert, embedded, policy, settings, trl_logging
-from nemo_gym_grpc.rewards.outcomes import Outcome
+from nemo_gym_grpc.rewards.client import channels, convert, embedded, policy, settings, stream
+from nemo_gym_grpc.rewards.client.outcomes import Outcome
+from nemo_gym_grpc.rewards.trl import logs
 from nemo_gym_grpc.v1 import verify_pb2
 
 # The `model` the seed's reward_nemo_gym_verify wrote into its Responses object.
@@ -243,10 +244,10 @@ class _Scorer:
     batch_timeout: float | None = None
     on_error: str | None = None
     max_failure_fraction: float | None = None
-    extras_log: trl_logging.ExtrasLog = field(init=False)
+    extras_log: logs.ExtrasLog = field(init=False)
 
     def __post_init__(self) -> None:
-        self.extras_log = trl_logging.ExtrasLog(self.name)
+        self.extras_log = logs.ExtrasLog(self.name)
 
     def prepare(self, completions: Sequence[Any], prompts: Any, kwargs: Mapping[str, Any]) -> _Job:
         """Validate the arguments and settings and build the batch (no I/O)."""
@@ -259,7 +260,7 @@ class _Scorer:
             model=self.model,
             timeout_seconds=self.timeout_seconds,
             batch_id=batch_id,
-            include_reply=trl_logging.wanted(kwargs),
+            include_reply=logs.wanted(kwargs),
         )
         target = self.target or settings.target()  # `resolve` for a setting that may be None
         return _Job(
@@ -325,7 +326,7 @@ def _score(
     sent: Mapping[str, Outcome] = {}
     if job.batch.requests:
         target = job.target or embedded.ensure_bridge(scorer.spec())
-        sent = client.verify_batch(
+        sent = stream.verify_batch(
             target,
             job.batch.requests,
             timeout=job.batch_timeout,
@@ -348,7 +349,7 @@ async def _score_async(
         target = job.target
         if target is None:
             target = await asyncio.to_thread(embedded.ensure_bridge, scorer.spec())
-        sent = await client.verify_batch_async(
+        sent = await stream.verify_batch_async(
             target,
             job.batch.requests,
             timeout=job.batch_timeout,

@@ -22,10 +22,10 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import grpc
 from google.rpc import status_pb2
 
-from nemo_gym_grpc.rewards import channels
-from nemo_gym_grpc.rewards.channels import CHANNEL_OPTIONS as CHANNEL_OPTIONS  # benchmarks
-from nemo_gym_grpc.rewards.channels import MAX_MESSAGE_BYTES, MiB, Security
-from nemo_gym_grpc.rewards.outcomes import (
+from nemo_gym_grpc.rewards.client import channels
+from nemo_gym_grpc.rewards.client.channels import CHANNEL_OPTIONS as CHANNEL_OPTIONS  # benchmarks
+from nemo_gym_grpc.rewards.client.channels import MAX_MESSAGE_BYTES, MiB, Security
+from nemo_gym_grpc.rewards.client.outcomes import (
     ITEM_TOO_LARGE,
     Failure,
     Outcome,
