@@ -35,7 +35,8 @@ from nemo_gym_grpc.rewards import (
     reward_nemo_gym_verify_async,
 )
 from nemo_gym_grpc.rewards.client import channels, embedded, outcomes, settings, stream
-from nemo_gym_grpc.rewards.tools import score, scorefile
+from nemo_gym_grpc.rewards.client.route import Route
+from nemo_gym_grpc.rewards.tools import batches, scorefile
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port
 from tests.support.waiting import wait_until
@@ -234,14 +235,14 @@ def test_verify_batch_returns_one_outcome_per_request_id(scripted, asynchronous)
         verify_pb2.VerifyRequest(request_id=i, resources_server="echo", completion=c)
         for i, c in zip(ids, ["1", "1" + " " * stream.MAX_MESSAGE_BYTES, "2", "3"], strict=True)
     ]
-    verify = stream.verify_batch_async if asynchronous else stream.verify_batch
-    sent = verify(target, requests, timeout=30, connect_timeout=10)
+    call = stream.acall if asynchronous else stream.call
+    sent = call(stream.VERIFY, target, requests, timeout=30, connect_timeout=10)
     sent = asyncio.run(sent) if asynchronous else sent
     assert sorted(sent) == sorted(ids)
     assert [sent[i].reward for i in ("a", "b", "c")] == [1.0, 2.0, 3.0]
     assert (sent["too-big"].code, sent["too-big"].reason) == ("INVALID_ARGUMENT", "ITEM_TOO_LARGE")
     with pytest.raises(ValueError, match="duplicate request_id 'a'"):
-        stream.verify_batch(target, requests[:1] * 2, timeout=30, connect_timeout=10)
+        stream.call(stream.VERIFY, target, requests[:1] * 2, timeout=30, connect_timeout=10)
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,15 +258,9 @@ def _rows(modes: list[str]) -> list[scorefile.Row]:
     return rows
 
 
-def _file_scorer(target: str, stop: asyncio.Event) -> score.FileScorer:
-    return score.FileScorer(
-        target,
-        channels.PLAINTEXT,
-        batch_timeout=30,
-        connect_timeout=10,
-        concurrency=2,
-        stop=stop,
-    )
+def _file_scorer(target: str, stop: asyncio.Event) -> batches.FileScorer:
+    route = Route(target, embedded.head_server_spec, channels.PLAINTEXT, 30, 10)
+    return batches.FileScorer(route, concurrency=2, stop=stop)
 
 
 def test_a_stopped_run_keeps_the_finished_batches_and_cancels_the_calls_in_flight(scripted):
@@ -297,10 +292,10 @@ async def test_a_call_that_keeps_failing_as_a_whole_stops_the_run_after_three_at
     scripted, monkeypatch
 ):
     target, _ = scripted
-    monkeypatch.setattr(score, "CALL_BACKOFF", 0.01)  # the attempts are the point, not the wait
+    monkeypatch.setattr(batches, "CALL_BACKOFF", 0.01)  # the attempts are the point, not the wait
     out = io.BytesIO()
     scorer = _file_scorer(target, asyncio.Event())
-    with pytest.raises(score.CallFailed, match=r"\(3 attempts\): UNAVAILABLE \(BRIDGE_DRAINING\)"):
+    with pytest.raises(batches.NoVerdict, match=r"\(3 attempts\): UNAVAILABLE \(BRIDGE_DRAINING\)"):
         await scorer.run(iter(_rows(["abort"] * 4)), 4, out, lambda r: None)
     assert out.getvalue() == b""  # nothing of a failed batch is written
 

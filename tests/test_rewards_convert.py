@@ -280,15 +280,15 @@ def test_any_text_gives_each_item_exactly_one_outcome(texts):
 
 def test_items_go_in_messages_of_at_most_64():
     items = [verify_pb2.VerifyRequest(request_id=str(i)) for i in range(130)]
-    sizes = [len(m.items) for m in stream._messages(items)]
+    sizes = [len(chunk) for chunk in stream.chunks(items)]
     assert sizes == [64, 64, 2]
-    assert list(stream._messages([])) == []
+    assert list(stream.chunks([])) == []
 
 
 def test_big_items_close_a_message_early_and_a_huge_one_travels_alone():
     big = "x" * (10 * stream.MiB)
     items = [verify_pb2.VerifyRequest(request_id=str(i), completion=big) for i in range(3)]
-    assert [len(m.items) for m in stream._messages(items)] == [1, 1, 1]
+    assert [len(chunk) for chunk in stream.chunks(items)] == [1, 1, 1]
 
 
 # --------------------------------------------------------------------------------------------

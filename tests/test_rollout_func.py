@@ -107,7 +107,7 @@ def test_a_prompt_finds_its_dataset_row_however_its_dicts_are_ordered():
     # JSON text in the column (no Arrow None-filling)
     as_text = {"prompt": "q", "verify_extra": json.dumps(_row())}
     assert nemo_gym_row(as_text, "verify_extra") == _row()
-    with pytest.raises(ValueError, match="not a JSON object"):
+    with pytest.raises(ValueError, match="the .verify_extra. column: a JSON list, not an object"):
         nemo_gym_row({"prompt": "q", "verify_extra": "[1]"}, "verify_extra")
 
 
@@ -201,7 +201,8 @@ def test_a_bridge_that_is_not_there_fails_every_rollout_as_it_fails_every_score(
     else:
         outcomes = run_rollouts(rows, agent="a", target=target, batch_timeout=5)
     waited = time.monotonic() - began
-    scored = stream.verify_batch(
+    scored = stream.call(
+        stream.VERIFY,
         target,
         [verify_pb2.VerifyRequest(request_id="v", resources_server="mcqa")],
         timeout=600,  # the reward functions' default batch deadline

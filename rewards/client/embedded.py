@@ -87,6 +87,16 @@ class BridgeSpec:
         return command
 
 
+def head_server_spec() -> BridgeSpec:
+    """The embedded bridge of a call without a target: one that discovers the servers from
+    the head server `NEMO_GYM_HEAD_URL`.
+
+    Raises:
+        ValueError: `NEMO_GYM_HEAD_URL` is not an http(s) URL with a host.
+    """
+    return BridgeSpec(head_url=settings.head_url())
+
+
 def _child_env() -> dict[str, str]:
     """The caller's environment (`per_process.child_env`: without the gRPC fork support set
     for the trainer), with relative PYTHONPATH entries made absolute (the bridge runs in

@@ -77,6 +77,12 @@ def resolve(explicit: T | None, from_env: Callable[[], T]) -> T:
     return from_env() if explicit is None else explicit
 
 
+def optional(check: Callable[[Any, str], T], value: Any, source: str) -> T | None:
+    """None when `value` is None (a keyword left to its variable), else `check(value, source)`
+    (e.g. `check_seconds`), which raises ValueError naming `source`."""
+    return None if value is None else check(value, source)
+
+
 def env_text(name: str) -> str | None:
     """The value of environment variable `name` stripped of whitespace; None if unset or empty."""
     value = os.environ.get(name, "").strip()
@@ -131,11 +137,19 @@ def head_url() -> str:
     Raises:
         ValueError: the value is not an http(s) URL with a host.
     """
-    text = env_text(HEAD_URL_ENV) or DEFAULT_HEAD_URL
+    return check_head_url(env_text(HEAD_URL_ENV) or DEFAULT_HEAD_URL, HEAD_URL_ENV)
+
+
+def check_head_url(text: str, source: str) -> str:
+    """`text` without a trailing slash if it is an http(s) URL with a host.
+
+    Raises:
+        ValueError: anything else (the message names `source`, e.g. the env var or flag).
+    """
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(
-            f"{HEAD_URL_ENV}={text!r} must be the NeMo Gym head server's http(s) URL, "
+            f"{source}={text!r} must be the NeMo Gym head server's http(s) URL, "
             "e.g. http://127.0.0.1:11000"
         )
     return text.rstrip("/")

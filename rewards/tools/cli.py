@@ -15,11 +15,18 @@ is imported only when it runs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from nemo_gym_grpc.bridge import cli as bridge_cli
-from nemo_gym_grpc.bridge.flags import non_negative_float, positive_float, positive_int
+from nemo_gym_grpc.bridge.flags import (
+    non_negative_float,
+    positive_float,
+    positive_int,
+    server_entry,
+)
 
 PROG = "nemo-gym-grpc"
 
@@ -40,8 +47,10 @@ def _add_score_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
     cmd.add_argument(
         "--server",
-        metavar="NAME",
-        help="resources server for rows without resources_server_ref.name",
+        type=_score_server,
+        metavar="NAME[=URL]",
+        help="resources server for rows without resources_server_ref.name; NAME=URL (as for "
+        "serve) also routes NAME to that server through an embedded bridge",
     )
     where = cmd.add_mutually_exclusive_group()
     where.add_argument(
@@ -51,6 +60,7 @@ def _add_score_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
     where.add_argument(
         "--head-url",
+        type=lambda text: _checked(settings.check_head_url, text, "--head-url"),
         help="NeMo Gym head server for an embedded bridge "
         f"(default: env {settings.HEAD_URL_ENV}, else {settings.DEFAULT_HEAD_URL})",
     )
@@ -73,6 +83,36 @@ def _add_score_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
         f"else {settings.DEFAULT_BATCH_TIMEOUT:g})",
     )
     cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _score_server(text: str) -> tuple[str, str | None]:
+    """`score --server`: NAME, or NAME=URL as `serve --server` takes it -> (name, URL or None)."""
+    if "=" not in text:
+        return text, None
+    return server_entry(text)
+
+
+def _checked(check: Callable[[str, str], str], text: str, flag: str) -> str:
+    """`check(text, flag)` with its ValueError as argparse's (exit 2, one line)."""
+    try:
+        return check(text, flag)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace(f"{flag}={text!r} ", "")) from None
+
+
+def output_problem(path: Path) -> str | None:
+    """Why the file at `path` cannot be written (appended to, replaced or created; a missing
+    folder is not created), or None. `score` and `export` check OUT with it before any work."""
+    if path.is_dir():
+        return f"{path} is a directory"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else f"{path} is not writable"
+    folder = path.parent
+    if not folder.is_dir():
+        return f"cannot create {path}: folder {folder} does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot create {path}: folder {folder} is not writable"
+    return None
 
 
 def _add_export_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -107,22 +147,42 @@ def _add_openrlhf_command(commands: argparse._SubParsersAction[argparse.Argument
     cmd.add_argument("--port", type=positive_int, default=5000, help="listen port (default 5000)")
 
 
-def parser() -> argparse.ArgumentParser:
-    """The `nemo-gym-grpc` parser with every subcommand (`serve` as the bridge declares it)."""
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse a trainer-side command line (`score`, `export`, `openrlhf-rm`; `serve` is listed,
+    for `--help`, and parsed by the bridge).
+
+    Raises:
+        SystemExit: 2 with a one-line message for bad arguments; 0 for `--help`.
+    """
     top = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     commands = top.add_subparsers(dest="command", required=True)
     bridge_cli.add_serve_command(commands)
     _add_score_command(commands)
     _add_export_command(commands)
     _add_openrlhf_command(commands)
-    return top
+    return top.parse_args(argv)
+
+
+def refusal(args: argparse.Namespace) -> str | None:
+    """Why arguments that parsed cannot run, checked before any work: an OUT of `score` or
+    `export` that cannot be written, `score --server NAME=URL` with `--target`; else None."""
+    problem = output_problem(args.output) if args.command in ("score", "export") else None
+    if problem:
+        return f"-o/--output: {problem}"
+    if args.command == "score" and args.server and args.server[1] and args.target:
+        return (
+            "--server NAME=URL routes NAME through an embedded bridge; --target names a "
+            "running one: give --server NAME with --target"
+        )
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `nemo-gym-grpc` console script (`argv`, default `sys.argv[1:]`).
 
-    Returns the exit status: `serve`'s is `nemo_gym_grpc.bridge.cli.main`'s, `score`'s
-    `run_score`'s, `export`'s `run_export`'s, `openrlhf-rm`'s `openrlhf.serve`'s.
+    Returns the exit status: 2 with one line on stderr for arguments that cannot run
+    (`refusal`); else `serve`'s is `nemo_gym_grpc.bridge.cli.main`'s, `score`'s `run_score`'s,
+    `export`'s `run_export`'s, `openrlhf-rm`'s `openrlhf.serve`'s.
 
     Raises:
         SystemExit: 2 (with a one-line message) for bad arguments; 0 for `--help`.
@@ -130,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["serve"]:
         return bridge_cli.main(argv)  # the bridge alone: nothing of the trainer side loads
-    args = parser().parse_args(argv)
+    args = parse_args(argv)
+    problem = refusal(args)
+    if problem:
+        print(f"{PROG} {args.command}: error: {problem}", file=sys.stderr)
+        return 2
     if args.command == "score":
         from nemo_gym_grpc.rewards.tools.score import run_score
 

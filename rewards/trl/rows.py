@@ -13,6 +13,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from nemo_gym_grpc.rewards.client.convert import json_object
+
 
 def prompt_key(prompt: Any) -> str:
     """The lookup key of a TRL prompt (text, or a list of message dicts): its JSON with sorted
@@ -70,12 +72,7 @@ def nemo_gym_row(dataset_row: Mapping[str, Any], row_column: str) -> dict[str, A
     """
     inner = dataset_row.get(row_column)
     if isinstance(inner, str):
-        try:
-            inner = json.loads(inner)
-        except ValueError:
-            inner = None
-        if not isinstance(inner, Mapping):
-            raise ValueError(f"the {row_column!r} column holds text that is not a JSON object")
+        inner = json_object(inner, f"the {row_column!r} column")
     if isinstance(inner, Mapping):
         return dict(inner)
     return {key: value for key, value in dataset_row.items() if key != "prompt"}
