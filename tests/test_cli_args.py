@@ -178,6 +178,23 @@ def test_score_refuses_bad_values(main, tmp_path, flag, value):
     assert not out.exists()
 
 
+def test_score_server_takes_a_name_or_name_equals_url_as_serve_does(main, tmp_path):
+    rows = str(rows_file(tmp_path))
+    out = str(tmp_path / "out.jsonl")
+    done = main("score", rows, "-o", out, "--server", "mcqa=127.0.0.1:1")
+    assert_refused(done, "argument --server", "expected NAME=http://HOST:PORT")
+    done = main("score", rows, "-o", out, "--server", "mcqa=http://h:1", "--target", "t:1")
+    assert_refused(done, "nemo-gym-grpc score: error: --server NAME=URL routes NAME through")
+    done = main("score", rows, "-o", out, "--head-url", "127.0.0.1:11000")
+    assert_refused(done, "argument --head-url", "must be the NeMo Gym head server's http(s) URL")
+    parsed = top_cli.parse_args(["score", rows, "-o", out, "--server", "mcqa=http://h:1/"])
+    assert parsed.server == ("mcqa", "http://h:1")
+    assert top_cli.parse_args(["score", rows, "-o", out, "--server", "mcqa"]).server == (
+        "mcqa",
+        None,
+    )
+
+
 def test_score_refuses_an_output_it_cannot_write_before_scoring(main, tmp_path):
     rows = rows_file(tmp_path)
     # --target 127.0.0.1:1: had it got as far as connecting, it would fail differently

@@ -34,7 +34,9 @@ from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 BASE_VERDICT_FIELDS = frozenset(
     {"reward", "reward_components", "mask_sample", "failure_kind", "failure_reason"}
 )
-SCHEMA_TIMEOUT = 10.0  # seconds for ListResourcesServers and each server's /openapi.json
+# Seconds for ListResourcesServers and each server's /openapi.json: a server makes its schema
+# on the first request, which took over 10 s here for servers that had just started.
+SCHEMA_TIMEOUT = 60.0
 
 
 class Verdicts:
