@@ -20,7 +20,7 @@ from nemo_gym_grpc.rewards import (
     reward_env,
     run_rollouts,
 )
-from nemo_gym_grpc.rewards.client import embedded, rollouts, settings, stream
+from nemo_gym_grpc.rewards.client import embedded, policy, rollouts, settings, stream
 from nemo_gym_grpc.rewards.client.outcomes import INVALID_ITEM, NO_TOKENS, Failure
 from nemo_gym_grpc.rewards.trl import rollout_func as trl_rollouts
 from nemo_gym_grpc.rewards.trl.rows import RowIndex, nemo_gym_row
@@ -170,10 +170,11 @@ def test_more_failures_than_allowed_raise_instead_of_training_on_an_outage(caplo
     outcomes = [_rollout(1.0, TWO_TURNS), Failure("UNAVAILABLE", None, "agent gone")]
     trl_rollouts.rollout_output(outcomes, eos=3, failures=failures)
     assert failures == {1: outcomes[1]}
-    trl_rollouts._guard(failures, 2, 0.5, "test")  # 1 of 2: allowed, and logged
+    labels = {"where": "test", "what": "rollouts", "gives": "reward NaN"}
+    policy.guard(failures, 2, max_failure_fraction=0.5, **labels)  # 1 of 2: allowed, and logged
     assert "1 of 2 rollouts failed" in caplog.text and "agent gone" in caplog.text
     with pytest.raises(ScoringError, match="1 of 2 rollouts failed, more than"):
-        trl_rollouts._guard(failures, 2, 0.4, "test")
+        policy.guard(failures, 2, max_failure_fraction=0.4, **labels)
 
 
 # --------------------------------------------------------------------------------------------

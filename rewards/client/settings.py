@@ -132,7 +132,7 @@ def target() -> str | None:
 
 
 def head_url() -> str:
-    """`NEMO_GYM_HEAD_URL`, default "http://127.0.0.1:11000", without a trailing slash.
+    """`NEMO_GYM_HEAD_URL` (`DEFAULT_HEAD_URL`), without a trailing slash.
 
     Raises:
         ValueError: the value is not an http(s) URL with a host.
@@ -156,12 +156,12 @@ def check_head_url(text: str, source: str) -> str:
 
 
 def batch_timeout() -> float:
-    """`NEMO_GYM_GRPC_BATCH_TIMEOUT` in seconds (default 600)."""
+    """`NEMO_GYM_GRPC_BATCH_TIMEOUT` in seconds (`DEFAULT_BATCH_TIMEOUT`)."""
     return env_seconds(BATCH_TIMEOUT_ENV, DEFAULT_BATCH_TIMEOUT)
 
 
 def rollout_batch_timeout() -> float:
-    """`NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT` in seconds (default 10800)."""
+    """`NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT` in seconds (`DEFAULT_ROLLOUT_BATCH_TIMEOUT`)."""
     return env_seconds(ROLLOUT_BATCH_TIMEOUT_ENV, DEFAULT_ROLLOUT_BATCH_TIMEOUT)
 
 
@@ -171,12 +171,12 @@ def run_timeout() -> float:
 
 
 def connect_timeout() -> float:
-    """`NEMO_GYM_GRPC_CONNECT_TIMEOUT` in seconds (default 60)."""
+    """`NEMO_GYM_GRPC_CONNECT_TIMEOUT` in seconds (`DEFAULT_CONNECT_TIMEOUT`)."""
     return env_seconds(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT)
 
 
 def startup_timeout() -> float:
-    """`NEMO_GYM_GRPC_STARTUP_TIMEOUT` in seconds (default 60)."""
+    """`NEMO_GYM_GRPC_STARTUP_TIMEOUT` in seconds (`DEFAULT_STARTUP_TIMEOUT`)."""
     return env_seconds(STARTUP_TIMEOUT_ENV, DEFAULT_STARTUP_TIMEOUT)
 
 
@@ -214,7 +214,8 @@ def on_error() -> str:
 
 
 def max_failure_fraction() -> float:
-    """`NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`: a fraction in [0, 1] (default 0.5)."""
+    """`NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`: a fraction in [0, 1]
+    (`DEFAULT_MAX_FAILURE_FRACTION`)."""
     text = env_text(MAX_FAILURE_FRACTION_ENV)
     if text is None:
         return DEFAULT_MAX_FAILURE_FRACTION

@@ -184,22 +184,11 @@ def create_nemo_gym_reward_fn(
         ValueError: `on_error` or `max_failure_fraction` is out of range, or
             `verify_timeout` / `batch_timeout` is not a positive finite number of seconds.
     """
-    verify_timeout = settings.check_seconds(verify_timeout, "verify_timeout")
-    spec = embedded.BridgeSpec(
-        servers=tuple(sorted((name, _base_url(url)) for name, url in verify_endpoints.items())),
-        verify_timeout=verify_timeout,
-    )
-    scorer = _Scorer(
-        name="nemo_gym",
-        model=model_name,
-        timeout_seconds=verify_timeout,
-        spec=lambda: spec,
-        target=target,
-        batch_timeout=settings.optional(settings.check_seconds, batch_timeout, "batch_timeout"),
-        on_error=settings.optional(settings.check_on_error, on_error, "on_error"),
-        max_failure_fraction=settings.optional(
-            settings.check_fraction, max_failure_fraction, "max_failure_fraction"
-        ),
+    scorer = _Scorer.for_endpoints(verify_endpoints, model_name, verify_timeout, target)
+    scorer.batch_timeout = settings.optional(settings.check_seconds, batch_timeout, "batch_timeout")
+    scorer.on_error = settings.optional(settings.check_on_error, on_error, "on_error")
+    scorer.max_failure_fraction = settings.optional(
+        settings.check_fraction, max_failure_fraction, "max_failure_fraction"
     )
     return _bound_async(scorer) if asynchronous else _bound(scorer)
 
@@ -244,6 +233,21 @@ class _Scorer:
 
     def __post_init__(self) -> None:
         self.extras_log = logs.ExtrasLog(self.name)
+
+    @classmethod
+    def for_endpoints(
+        cls,
+        verify_endpoints: Mapping[str, str],
+        model_name: str,
+        verify_timeout: float,
+        target: str | None,
+    ) -> _Scorer:
+        """The scorer of `create_nemo_gym_reward_fn`: its embedded bridge routes exactly
+        `verify_endpoints`. Raises ValueError for a bad `verify_timeout`."""
+        verify_timeout = settings.check_seconds(verify_timeout, "verify_timeout")
+        endpoints = sorted((name, _base_url(url)) for name, url in verify_endpoints.items())
+        spec = embedded.BridgeSpec(servers=tuple(endpoints), verify_timeout=verify_timeout)
+        return cls("nemo_gym", model_name, verify_timeout, lambda: spec, target)
 
     def prepare(self, completions: Sequence[Any], prompts: Any, kwargs: Mapping[str, Any]) -> _Job:
         """Validate the arguments and settings and build the batch (no I/O)."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_gym_grpc.rewards.client import policy, rollouts, settings
@@ -111,21 +112,6 @@ def rollout_output(
     return output
 
 
-def _guard(failures: Mapping[int, Failure], total: int, fraction: float, where: str) -> None:
-    """Raise `ScoringError` above `fraction` of `total` failed; warn once about any failure."""
-    if not failures:
-        return
-    head = f"{len(failures)} of {total} rollouts failed"
-    if len(failures) / total > fraction:
-        raise policy.ScoringError(
-            f"{head}, more than max_failure_fraction={fraction:g} allows ({where}): "
-            f"{policy.summary(failures)}",
-            failures,
-            total,
-        )
-    log.warning("%s (reward NaN, completion masked; %s): %s", head, where, policy.summary(failures))
-
-
 def create_nemo_gym_rollout_func(
     agent: str | None = None,
     *,
@@ -150,13 +136,13 @@ def create_nemo_gym_rollout_func(
         target: keyword: the bridge's gRPC target (`NEMO_GYM_GRPC_TARGET`; unset too = an
             embedded bridge over the head server).
         batch_timeout: keyword: gRPC deadline of one call's `RunStream`, seconds
-            (`NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT`, 10800).
+            (`NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT`).
         run_timeout: keyword: seconds per rollout's `/run` (`NEMO_GYM_GRPC_RUN_TIMEOUT`).
         trainer_sampling: keyword: set `temperature` and `top_p` of every row's
             `responses_create_params` to the trainer's (`GRPOConfig.temperature`, `top_p`),
             so the agent's policy model samples as the trainer assumes. Default True.
         max_failure_fraction: keyword: raise `ScoringError` when more than this fraction of
-            one call's rollouts failed (`NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`, 0.5).
+            one call's rollouts failed (`NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`).
 
     Returns:
         `rollout_func(prompts, trainer) -> dict` for `GRPOTrainer(rollout_func=...)`.
@@ -166,47 +152,75 @@ def create_nemo_gym_rollout_func(
             row (KeyError) or several different rows, a setting's env var is invalid.
         ScoringError: at a call: too many rollouts failed.
     """
-    if batch_timeout is not None:
-        batch_timeout = settings.check_seconds(batch_timeout, "batch_timeout")
-    if run_timeout is not None:
-        run_timeout = settings.check_seconds(run_timeout, "run_timeout")
-    if max_failure_fraction is not None:
-        max_failure_fraction = settings.check_fraction(max_failure_fraction)
-    given = RowIndex(rows) if rows is not None else None
-    built: dict[int, tuple[Any, RowIndex]] = {}  # id(trainer) -> (trainer, its index)
+    return _RolloutFunc(
+        agent=agent,
+        given=RowIndex(rows) if rows is not None else None,
+        row_column=row_column,
+        target=target,
+        batch_timeout=settings.optional(settings.check_seconds, batch_timeout, "batch_timeout"),
+        run_timeout=settings.optional(settings.check_seconds, run_timeout, "run_timeout"),
+        trainer_sampling=trainer_sampling,
+        max_failure_fraction=settings.optional(
+            settings.check_fraction, max_failure_fraction, "max_failure_fraction"
+        ),
+    )
 
-    def index_for(trainer: Any) -> RowIndex:
-        if given is not None:
-            return given
-        entry = built.get(id(trainer))
+
+@dataclass
+class _RolloutFunc:
+    """What `create_nemo_gym_rollout_func` returns: its settings (None = the environment's,
+    read at each call) and the row index of each trainer it served."""
+
+    agent: str | None
+    given: RowIndex | None
+    row_column: str
+    target: str | None
+    batch_timeout: float | None
+    run_timeout: float | None
+    trainer_sampling: bool
+    max_failure_fraction: float | None
+    # id(trainer) -> (trainer, the index of its datasets)
+    built: dict[int, tuple[Any, RowIndex]] = field(default_factory=dict)
+
+    def index_for(self, trainer: Any) -> RowIndex:
+        """The rows given, else the index of `trainer`'s datasets (built on first use)."""
+        if self.given is not None:
+            return self.given
+        entry = self.built.get(id(trainer))
         if entry is None or entry[0] is not trainer:
             dataset_rows = [row for dataset in trainer_datasets(trainer) for row in dataset]
-            entry = built[id(trainer)] = (trainer, RowIndex(dataset_rows))
+            entry = self.built[id(trainer)] = (trainer, RowIndex(dataset_rows))
         return entry[1]
 
-    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         """NeMo Gym rollouts for TRL's `prompts` (one per entry); see
         `create_nemo_gym_rollout_func`."""
-        index = index_for(trainer)
-        batch_rows = [nemo_gym_row(index.row(prompt), row_column) for prompt in prompts]
+        index = self.index_for(trainer)
+        batch_rows = [nemo_gym_row(index.row(prompt), self.row_column) for prompt in prompts]
         sampling = (
             {"temperature": float(trainer.temperature), "top_p": float(trainer.top_p)}
-            if trainer_sampling
+            if self.trainer_sampling
             else None
         )
         outcomes = rollouts.run_rollouts(
             batch_rows,
-            agent=agent,
-            target=target,
-            batch_timeout=batch_timeout,
-            run_timeout=run_timeout,
+            agent=self.agent,
+            target=self.target,
+            batch_timeout=self.batch_timeout,
+            run_timeout=self.run_timeout,
             prompts=prompts,
             responses_create_params=sampling,
         )
         failures: dict[int, Failure] = {}
         output = rollout_output(outcomes, eos_token_id(trainer), failures)
-        fraction = settings.resolve(max_failure_fraction, settings.max_failure_fraction)
-        _guard(failures, len(prompts), fraction, f"rollout_func, {len(prompts)} prompts")
+        policy.guard(
+            failures,
+            len(prompts),
+            max_failure_fraction=settings.resolve(
+                self.max_failure_fraction, settings.max_failure_fraction
+            ),
+            where=f"rollout_func, {len(prompts)} prompts",
+            what="rollouts",
+            gives="reward NaN, completion masked",
+        )
         return output
-
-    return rollout_func
