@@ -229,11 +229,13 @@ def unary_latencies(target: str, request: verify_pb2.VerifyRequest, count: int) 
 
 def stream1_latencies(target: str, request: verify_pb2.VerifyRequest, count: int) -> list[float]:
     """Seconds per one-item VerifyStream call made by the reward functions' own client
-    (`rewards.client.stream.call`, its shared channel), one at a time."""
+    (`rewards.client.stream.send`, its shared channel), one at a time."""
     out = []
-    stream.call(stream.VERIFY, target, [request], timeout=10, connect_timeout=10)  # connect
+    stream.send(
+        stream.Call(stream.VERIFY, target, [request], timeout=10, connect_timeout=10)
+    )  # connect
     for _ in range(count):
         started = time.perf_counter()
-        stream.call(stream.VERIFY, target, [request], timeout=10, connect_timeout=10)
+        stream.send(stream.Call(stream.VERIFY, target, [request], timeout=10, connect_timeout=10))
         out.append(time.perf_counter() - started)
     return out

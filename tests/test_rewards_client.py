@@ -255,14 +255,13 @@ def test_verify_batch_returns_one_outcome_per_request_id(scripted, asynchronous)
         verify_pb2.VerifyRequest(request_id=i, resources_server="echo", completion=c)
         for i, c in zip(ids, ["1", "1" + " " * stream.MAX_MESSAGE_BYTES, "2", "3"], strict=True)
     ]
-    call = stream.acall if asynchronous else stream.call
-    sent = call(stream.VERIFY, target, requests, timeout=30, connect_timeout=10)
-    sent = asyncio.run(sent) if asynchronous else sent
+    call = stream.Call(stream.VERIFY, target, requests, timeout=30, connect_timeout=10)
+    sent = asyncio.run(stream.asend(call)) if asynchronous else stream.send(call)
     assert sorted(sent) == sorted(ids)
     assert [sent[i].reward for i in ("a", "b", "c")] == [1.0, 2.0, 3.0]
     assert (sent["too-big"].code, sent["too-big"].reason) == ("INVALID_ARGUMENT", "ITEM_TOO_LARGE")
     with pytest.raises(ValueError, match="duplicate request_id 'a'"):
-        stream.call(stream.VERIFY, target, requests[:1] * 2, timeout=30, connect_timeout=10)
+        stream.Call(stream.VERIFY, target, requests[:1] * 2, timeout=30, connect_timeout=10)
 
 
 # --------------------------------------------------------------------------------------------

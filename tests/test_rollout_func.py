@@ -202,13 +202,14 @@ def test_a_bridge_that_is_not_there_fails_every_rollout_as_it_fails_every_score(
     else:
         outcomes = run_rollouts(rows, agent="a", target=target, batch_timeout=5)
     waited = time.monotonic() - began
-    scored = stream.call(
+    call = stream.Call(
         stream.VERIFY,
         target,
         [verify_pb2.VerifyRequest(request_id="v", resources_server="mcqa")],
         timeout=600,  # the reward functions' default batch deadline
         connect_timeout=settings.connect_timeout(),
-    )["v"]
+    )
+    scored = stream.send(call)["v"]
     assert isinstance(scored, Failure)
     assert scored.message == f"no connection to the bridge at {target} within 0.5 s"
     for outcome in outcomes:

@@ -241,7 +241,7 @@ class Batch(Generic[_R, _O]):
 
     def outcomes(self, sent: Mapping[str, _O | Failure]) -> list[_O | Failure]:
         """One outcome per input item, in input order: the rejected items' failures, and for
-        the others `sent[request_id]` (from `stream.call`, `Route.send`).
+        the others `sent[request_id]` (from `Route.send`, `stream.send`).
 
         Raises:
             ValueError: `sent` has no outcome for a request of this batch.

@@ -3,7 +3,7 @@ embedded bridge, with the TLS files, token, deadline and connect wait of `settin
 
 Every adapter sends through a `Route`: the reward functions, the rollouts, the verl, slime and
 OpenRLHF adapters and `score` resolve one (`Route.resolve`) and send each batch with `send` or
-`asend` (`stream.call` / `stream.acall` to the route's address).
+`asend` (a `stream.Call` to the route's address).
 """
 
 from __future__ import annotations
@@ -87,34 +87,42 @@ class Route:
             return self.target
         return await asyncio.to_thread(embedded.ensure_bridge, self.spec())
 
-    def send(
-        self, rpc: stream.Rpc[stream.Req, stream.Res, stream.Msg], requests: Sequence[stream.Req]
-    ) -> dict[str, stream.Res | Failure]:
-        """`stream.call` of `requests` to this route's bridge; {} without a call (and without
-        starting a bridge) when there is nothing to send. Raises what `address` and
-        `stream.call` raise."""
-        if not requests:
-            return {}
-        return stream.call(
+    def call(
+        self,
+        rpc: stream.Rpc[stream.Req, stream.Res, stream.Msg],
+        address: str,
+        requests: Sequence[stream.Req],
+    ) -> stream.Call[stream.Req, stream.Res, stream.Msg]:
+        """A `stream.Call` of `requests` to the bridge at `address`, on this route's terms."""
+        return stream.Call(
             rpc,
-            self.address(),
+            address,
             requests,
             timeout=self.timeout,
             connect_timeout=self.connect_timeout,
             security=self.security,
         )
 
+    def send(
+        self, rpc: stream.Rpc[stream.Req, stream.Res, stream.Msg], requests: Sequence[stream.Req]
+    ) -> dict[str, stream.Res | Failure]:
+        """{request_id: outcome} of `requests` sent over one `rpc` call to this route's bridge
+        (`stream.Call`, `stream.send`); {} without a call (and without starting a bridge) when
+        there is nothing to send.
+
+        Raises:
+            ValueError: two requests share a `request_id`.
+            RuntimeError: the embedded bridge could not be started.
+            ProtocolError: the bridge broke the stream's contract.
+        """
+        if not requests:
+            return {}
+        return stream.send(self.call(rpc, self.address(), requests))
+
     async def asend(
         self, rpc: stream.Rpc[stream.Req, stream.Res, stream.Msg], requests: Sequence[stream.Req]
     ) -> dict[str, stream.Res | Failure]:
-        """`send` for asyncio (`stream.acall`; an embedded bridge starts in a worker thread)."""
+        """`send` for asyncio (`stream.asend`; an embedded bridge starts in a worker thread)."""
         if not requests:
             return {}
-        return await stream.acall(
-            rpc,
-            await self.aaddress(),
-            requests,
-            timeout=self.timeout,
-            connect_timeout=self.connect_timeout,
-            security=self.security,
-        )
+        return await stream.asend(self.call(rpc, await self.aaddress(), requests))

@@ -1,13 +1,13 @@
 """The one streaming call: a batch of items over one `VerifyStream` or `RunStream`, one outcome
 per item, keyed by `request_id`.
 
-`Call` is the bookkeeping of one call, the same for both RPCs (`VERIFY`, `RUN`) and both faces:
-it checks the requests (unique ids, each within the message limit), chunks them into messages,
-matches results by `request_id`, and at the end gives every item without a result the call's
-own failure (`Failure.whole_call`). `call` drives it over grpcio on the process's shared channel
-(`channels.shared`); `acall` over grpc.aio on a channel of its own, closed before it returns, so
-it can be awaited from any event loop in any thread, one call after another or at the same time
-(a loopback handshake, about a millisecond, per call).
+`Call` is one call and its bookkeeping, the same for both RPCs (`VERIFY`, `RUN`) and both
+faces: it checks the requests (unique ids, each within the message limit), chunks them into
+messages, matches results by `request_id`, and at the end gives every item without a result the
+call's own failure (`Failure.whole_call`). `send` drives it over grpcio on the process's shared
+channel (`channels.shared`); `asend` over grpc.aio on a channel of its own, closed before it
+returns, so it can be awaited from any event loop in any thread, one call after another or at
+the same time (a loopback handshake, about a millisecond, per call).
 
 Where a call goes and on what terms (target or embedded bridge, TLS, token, deadline) is
 `route.py`'s; this module only sends.
@@ -119,20 +119,28 @@ class _Cancellable(Protocol):
 
 
 class Call(Generic[Req, Res, Msg]):
-    """The bookkeeping of one streaming call, the same for both RPCs and both faces.
+    """One streaming call and its bookkeeping, the same for both RPCs and both faces (`send`,
+    `asend`): one outcome per request, by request_id.
 
-    `__init__` fails items over the message limit up front (not sent: `sendable` holds the
-    rest), `start` gives the messages and the time left, `on_message` records results,
-    `reading` records the call's own failure (and `on_no_connection` the lack of a connection),
-    `finish` returns every outcome.
+    Items are sent in messages of at most 64 (`chunks`). Per-item errors become `Failure`s. If
+    the call fails as a whole (deadline, bridge gone, no connection, token refused), every
+    item without a result gets that call's `Failure` (`whole_call`). An item bigger than the
+    message limit fails alone (INVALID_ARGUMENT / ITEM_TOO_LARGE) without being sent.
+
+    `__init__` fails those items up front (`sendable` holds the rest), `start` gives the
+    messages and the time left, `on_message` records results, `reading` records the call's
+    own failure (and `on_no_connection` the lack of a connection), `finish` returns every
+    outcome.
 
     Args:
-        rpc: the RPC (`VERIFY`, `RUN`).
-        target: the bridge's gRPC target, for messages.
+        rpc: `VERIFY` (outcomes: `VerifyResponse` or `Failure`) or `RUN` (`RunResponse`, its
+            `rollout` set, or `Failure`).
+        target: the bridge's gRPC target ("host:port", "ipv4:A:P,B:P", "dns:///name:port").
         requests: items with unique `request_id`s.
-        timeout: gRPC deadline of the whole call, seconds (counted from now).
-        connect_timeout: most seconds to wait for a connection (bounded by `timeout`).
-        security: the token sent as call metadata.
+        timeout: gRPC deadline of the whole call, seconds from now (it bounds every item).
+        connect_timeout: most seconds to wait for a connection to the bridge (bounded by
+            `timeout`); a bridge that is still starting is waited for, not failed at once.
+        security: TLS files and token (`settings.security`); default plaintext, no token.
 
     Raises:
         ValueError: two requests share a `request_id`.
@@ -146,10 +154,11 @@ class Call(Generic[Req, Res, Msg]):
         *,
         timeout: float,
         connect_timeout: float,
-        security: Security,
+        security: Security = channels.PLAINTEXT,
     ) -> None:
         self.rpc = rpc
         self.target = target
+        self.security = security
         self.metadata = security.metadata()
         self.timeout = timeout
         self.connect_wait = min(connect_timeout, timeout)
@@ -230,85 +239,47 @@ class Call(Generic[Req, Res, Msg]):
         return self.outcomes
 
 
-def call(
-    rpc: Rpc[Req, Res, Msg],
-    target: str,
-    requests: Sequence[Req],
-    *,
-    timeout: float,
-    connect_timeout: float,
-    security: Security = channels.PLAINTEXT,
-) -> dict[str, Res | Failure]:
-    """Send `requests` over one `rpc` call (grpcio, the process's shared channel to `target`);
-    one outcome per request, by request_id.
-
-    Items are sent in messages of at most 64. Per-item errors become `Failure`s. If the call
-    fails as a whole (deadline, bridge gone, no connection, token refused), every item
-    without a result gets that call's `Failure` (`whole_call`). An item bigger than the
-    message limit fails alone (INVALID_ARGUMENT / ITEM_TOO_LARGE) without being sent.
-
-    Args:
-        rpc: `VERIFY` (outcomes: `VerifyResponse` or `Failure`) or `RUN` (`RunResponse`, its
-            `rollout` set, or `Failure`).
-        target: the bridge's gRPC target ("host:port", "ipv4:A:P,B:P", "dns:///name:port").
-        requests: items with unique `request_id`s.
-        timeout: gRPC deadline of the whole call, seconds (so it bounds every item in it).
-        connect_timeout: most seconds to wait for a connection to the bridge (bounded by
-            `timeout`); a bridge that is still starting is waited for, not failed at once.
-        security: TLS files and token (`settings.security`); default plaintext, no token.
+def send(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
+    """Send `call`'s requests over one call of its RPC (grpcio, the process's shared channel
+    to its target); {request_id: outcome} for every request (`Call.finish`).
 
     Raises:
-        ValueError: two requests share a `request_id`.
         ProtocolError: the bridge answered an unknown or already answered `request_id`, or
             ended the stream OK with items unanswered.
     """
-    state = Call(
-        rpc, target, requests, timeout=timeout, connect_timeout=connect_timeout, security=security
+    if not call.sendable:
+        return call.finish()
+    channel = channels.shared(call.target, call.security)
+    if not channel.wait_ready(call.connect_wait):
+        call.on_no_connection()
+        return call.finish()
+    messages, left = call.start()
+    responses = call.rpc.sync_method(channel)(
+        messages, timeout=left, metadata=call.metadata, wait_for_ready=True
     )
-    if not state.sendable:
-        return state.finish()
-    channel = channels.shared(target, security)
-    if not channel.wait_ready(state.connect_wait):
-        state.on_no_connection()
-        return state.finish()
-    messages, left = state.start()
-    responses = rpc.sync_method(channel)(
-        messages, timeout=left, metadata=state.metadata, wait_for_ready=True
-    )
-    with state.reading(responses):
+    with call.reading(responses):
         for message in responses:
-            state.on_message(message.results)
-    return state.finish()
+            call.on_message(message.results)
+    return call.finish()
 
 
-async def acall(
-    rpc: Rpc[Req, Res, Msg],
-    target: str,
-    requests: Sequence[Req],
-    *,
-    timeout: float,
-    connect_timeout: float,
-    security: Security = channels.PLAINTEXT,
-) -> dict[str, Res | Failure]:
-    """`call` for asyncio: the same arguments, outcomes and errors, over grpc.aio on a channel
-    of its own, closed before returning or when cancelled (cancelling the coroutine cancels
-    the call, and the bridge cancels its items' `/verify` or `/run` requests)."""
-    state = Call(
-        rpc, target, requests, timeout=timeout, connect_timeout=connect_timeout, security=security
-    )
-    if not state.sendable:
-        return state.finish()
-    async with channels.aio_channel(target, security) as channel:
+async def asend(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
+    """`send` for asyncio: the same outcomes and errors, over grpc.aio on a channel of its own,
+    closed before returning or when cancelled (cancelling the coroutine cancels the call, and
+    the bridge cancels its items' `/verify` or `/run` requests)."""
+    if not call.sendable:
+        return call.finish()
+    async with channels.aio_channel(call.target, call.security) as channel:
         try:
-            await asyncio.wait_for(channel.channel_ready(), state.connect_wait)
+            await asyncio.wait_for(channel.channel_ready(), call.connect_wait)
         except asyncio.TimeoutError:
-            state.on_no_connection()
-            return state.finish()
-        messages, left = state.start()
-        responses = rpc.aio_method(channel)(
-            messages, timeout=left, metadata=state.metadata, wait_for_ready=True
+            call.on_no_connection()
+            return call.finish()
+        messages, left = call.start()
+        responses = call.rpc.aio_method(channel)(
+            messages, timeout=left, metadata=call.metadata, wait_for_ready=True
         )
-        with state.reading(responses):
+        with call.reading(responses):
             async for message in responses:
-                state.on_message(message.results)
-        return state.finish()
+                call.on_message(message.results)
+        return call.finish()
