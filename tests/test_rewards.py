@@ -32,6 +32,8 @@ from nemo_gym_grpc.rewards import (
 from nemo_gym_grpc.rewards.client import embedded, settings
 from tests.support import closed_port, example_rows, selected_version
 
+pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
+
 LOGGER = "nemo_gym_grpc.rewards"
 
 # The columns axolotl's NeMo Gym loader makes (prompt = the row's first user message), put

@@ -24,6 +24,8 @@ from tests.support import DEFAULT_SERVERS, closed_port, example_rows, resources_
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.waiting import wait_until
 
+pytestmark = [pytest.mark.nemo_gym, pytest.mark.compat]  # every test reads NeMo Gym rows
+
 HOLD = "HOLD"  # in a response id: the proxy holds that row's /verify (Fault "hang")
 SLOW = "SLOW"  # in a response id: the proxy delays that row's /verify (Fault "delay")
 

@@ -33,6 +33,8 @@ import requests
 
 from nemo_gym_grpc.rewards.client import settings
 
+pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
+
 
 def _import(name: str):
     try:
