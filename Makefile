@@ -29,7 +29,7 @@ help:
 	@echo "                  installs only the package, no dev tools or torch"
 	@echo "make test         the whole test suite on real NeMo Gym 0.7.0 servers, then its"
 	@echo "                  compat subset on 0.4.0; installs everything"
-	@echo "make fast         the fast tier (no NeMo Gym servers, about a minute on 2 cores):"
+	@echo "make fast         the fast tier (no NeMo Gym servers), with its time:"
 	@echo "                  .venv/bin/python -m pytest -m 'not nemo_gym'"
 	@echo "make soak         10-minute chaos soak (not part of make test; its 60 s variant is)"
 	@echo "make proto        regenerate Python code from $(PROTOS)"

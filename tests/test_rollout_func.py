@@ -22,7 +22,7 @@ from nemo_gym_grpc.rewards import (
 )
 from nemo_gym_grpc.rewards.client import embedded, policy, rollouts, settings, stream
 from nemo_gym_grpc.rewards.client.outcomes import INVALID_ITEM, NO_TOKENS, Failure
-from nemo_gym_grpc.rewards.trl import rollout_func as trl_rollouts
+from nemo_gym_grpc.rewards.trl.rollout_func import rollout_output
 from nemo_gym_grpc.rewards.trl.rows import RowIndex, nemo_gym_row
 from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
@@ -144,7 +144,7 @@ def test_rollouts_become_stitched_samples_and_failures_masked_eos_with_nan_rewar
         _rollout(0.0, []),  # a reward but no tokens (e.g. openai_model): not trainable
         _rollout(0.0, TWO_TURNS[:1]),
     ]
-    output = trl_rollouts.rollout_output(outcomes, eos=3)
+    output = rollout_output(outcomes, eos=3)
     assert output["prompt_ids"] == [[4, 5], [3], [3], [4, 5]]
     assert output["completion_ids"] == [[6, 7, 8, 3], [3], [3], [6]]
     assert output["env_mask"] == [[1, 0, 1, 1], [0], [0], [1]]
@@ -168,7 +168,7 @@ def test_rollouts_become_stitched_samples_and_failures_masked_eos_with_nan_rewar
 def test_more_failures_than_allowed_raise_instead_of_training_on_an_outage(caplog):
     failures: dict[int, Failure] = {}
     outcomes = [_rollout(1.0, TWO_TURNS), Failure("UNAVAILABLE", None, "agent gone")]
-    trl_rollouts.rollout_output(outcomes, eos=3, failures=failures)
+    rollout_output(outcomes, eos=3, failures=failures)
     assert failures == {1: outcomes[1]}
     labels = {"where": "test", "what": "rollouts", "gives": "reward NaN"}
     policy.guard(failures, 2, max_failure_fraction=0.5, **labels)  # 1 of 2: allowed, and logged

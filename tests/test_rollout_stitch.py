@@ -1,4 +1,4 @@
-"""A rollout's per-turn tokens -> one training sample (`rewards/stitch.py`): pure, no servers."""
+"""A rollout's per-turn tokens -> one training sample (`rewards/trl/stitch.py`); no servers."""
 
 from __future__ import annotations
 
