@@ -35,7 +35,7 @@ from typing import Any
 
 from nemo_gym_grpc.rewards.client import convert, policy, settings, stream
 from nemo_gym_grpc.rewards.client.outcomes import Failure, Outcome
-from nemo_gym_grpc.rewards.client.route import Route
+from nemo_gym_grpc.rewards.client.stream import Route
 from nemo_gym_grpc.v1 import verify_pb2
 
 # `model` written into the Responses object the bridge builds from each completion.

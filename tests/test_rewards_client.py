@@ -35,7 +35,7 @@ from nemo_gym_grpc.rewards import (
     reward_nemo_gym_verify_async,
 )
 from nemo_gym_grpc.rewards.client import channels, embedded, outcomes, settings, stream
-from nemo_gym_grpc.rewards.client.route import Route
+from nemo_gym_grpc.rewards.client.stream import Route
 from nemo_gym_grpc.rewards.tools import batches, scorefile
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port

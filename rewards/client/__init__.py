@@ -4,7 +4,8 @@
 - `channels`: gRPC channels to the bridge (credentials, options, the per-process cache).
 - `per_process`: what a forked child must not share, and gRPC's fork support.
 - `outcomes`: what one item came to (`Failure`, `Outcome`, `RunOutcome`), the client's reasons.
-- `stream`: the one streaming call (`VerifyStream`, `RunStream`), outcomes keyed by request_id.
+- `stream`: the one call path: where a call goes (`Route`: configured target or embedded
+  bridge) and the one streaming call (`VerifyStream`, `RunStream`), outcomes by request_id.
 - `embedded`: the zero-config bridge subprocess.
 - `policy`: what failed items give (`on_error`, `max_failure_fraction`, `ScoringError`).
 - `convert`: reward-function arguments -> `VerifyRequest`s, and the `Batch` of one call.

@@ -9,7 +9,7 @@ server), see `RunRequest` in `rollout.proto`.
 
 Settings not given as keywords come from `settings.py` (target, TLS, token, head server,
 `NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT`, `NEMO_GYM_GRPC_RUN_TIMEOUT`, connect timeout), read at
-each call; the call goes where `route.py` says (with no target at all, an embedded bridge
+each call; the call goes where its `stream.Route` says (with no target at all, an embedded bridge
 routing the head server's agents).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from nemo_gym_grpc.rewards.client import convert, settings, stream
 from nemo_gym_grpc.rewards.client.outcomes import RunOutcome
-from nemo_gym_grpc.rewards.client.route import Route
+from nemo_gym_grpc.rewards.client.stream import Route
 from nemo_gym_grpc.v1 import rollout_pb2
 
 RolloutBatch = convert.Batch[rollout_pb2.RunRequest, rollout_pb2.RunResponse]

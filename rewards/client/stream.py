@@ -1,16 +1,17 @@
-"""The one streaming call: a batch of items over one `VerifyStream` or `RunStream`, one outcome
-per item, keyed by `request_id`.
+"""The trainer side's one call path: where a call goes (`Route`: a configured bridge target or
+this process's embedded bridge, with the TLS files, token, deadline and connect wait of
+`settings.py`), and the one streaming call that carries a batch of items there (`Call`, over
+`VerifyStream` or `RunStream`), one outcome per item, keyed by `request_id`.
 
-`Call` is one call and its bookkeeping, the same for both RPCs (`VERIFY`, `RUN`) and both
-faces: it checks the requests (unique ids, each within the message limit), chunks them into
-messages, matches results by `request_id`, and at the end gives every item without a result the
-call's own failure (`Failure.whole_call`). `send` drives it over grpcio on the process's shared
-channel (`channels.shared`); `asend` over grpc.aio on a channel of its own, closed before it
-returns, so it can be awaited from any event loop in any thread, one call after another or at
-the same time (a loopback handshake, about a millisecond, per call).
-
-Where a call goes and on what terms (target or embedded bridge, TLS, token, deadline) is
-`route.py`'s; this module only sends.
+Every adapter sends through a `Route`: the reward functions, the rollouts, the verl, slime and
+OpenRLHF adapters and `score` resolve one (`Route.resolve`) and send each batch with `send` or
+`asend`. `Call` is the same for both RPCs (`VERIFY`, `RUN`) and both faces: it checks the
+requests (unique ids, each within the message limit), chunks them into messages, matches
+results by `request_id`, and at the end gives every item without a result the call's own
+failure (`Failure.whole_call`). `send` drives it over grpcio on the process's shared channel
+(`channels.shared`); `asend` over grpc.aio on a channel of its own, closed before it returns,
+so it can be awaited from any event loop in any thread, one call after another or at the same
+time (a loopback handshake, about a millisecond, per call).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import grpc
 from google.rpc import status_pb2
 
-from nemo_gym_grpc.rewards.client import channels
+from nemo_gym_grpc.rewards.client import channels, embedded, settings
 from nemo_gym_grpc.rewards.client.channels import MAX_MESSAGE_BYTES, MiB, Security
 from nemo_gym_grpc.rewards.client.outcomes import ITEM_TOO_LARGE, Failure, ProtocolError
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc, verify_pb2, verify_pb2_grpc
@@ -283,3 +284,112 @@ async def asend(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
             async for message in responses:
                 call.on_message(message.results)
         return call.finish()
+
+
+@dataclass(frozen=True)
+class Route:
+    """A call's bridge and terms.
+
+    Attributes:
+        target: the configured bridge's gRPC target, or None: the embedded bridge of `spec`,
+            started on first use (`embedded.ensure_bridge`).
+        spec: the embedded bridge's configuration, read when it is needed (so an unused
+            `NEMO_GYM_HEAD_URL` is never read).
+        security: TLS files and token; TLS applies to a configured target only (an embedded
+            bridge listens in plaintext on loopback).
+        timeout: gRPC deadline of one call, seconds.
+        connect_timeout: most seconds one call waits for a connection (within `timeout`).
+    """
+
+    target: str | None
+    spec: Callable[[], embedded.BridgeSpec]
+    security: Security
+    timeout: float
+    connect_timeout: float
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        target: str | None,
+        timeout: float,
+        spec: Callable[[], embedded.BridgeSpec] = embedded.head_server_spec,
+    ) -> Route:
+        """The route of a call: `target` when given, else `NEMO_GYM_GRPC_TARGET`, else the
+        embedded bridge of `spec` (default: one discovering servers from `NEMO_GYM_HEAD_URL`);
+        security and connect wait from the environment (`settings.py`), read now.
+
+        Raises:
+            ValueError: an environment variable holds an invalid value (the message names it).
+        """
+        configured = target or settings.target()
+        if configured is None:
+            return cls.to_embedded(spec, timeout)
+        return cls(configured, spec, settings.security(), timeout, settings.connect_timeout())
+
+    @classmethod
+    def to_embedded(cls, spec: Callable[[], embedded.BridgeSpec], timeout: float) -> Route:
+        """The route to the embedded bridge of `spec`, whatever `NEMO_GYM_GRPC_TARGET` says
+        (no TLS: it listens in plaintext on loopback; the token still applies).
+
+        Raises:
+            ValueError: an environment variable holds an invalid value.
+        """
+        return cls(None, spec, settings.security(tls=False), timeout, settings.connect_timeout())
+
+    @property
+    def label(self) -> str:
+        """The bridge for messages: its target, or "embedded bridge"."""
+        return self.target or "embedded bridge"
+
+    def address(self) -> str:
+        """The bridge's target, starting the embedded bridge if it has none.
+
+        Raises:
+            RuntimeError: the embedded bridge could not be started.
+        """
+        return self.target or embedded.ensure_bridge(self.spec())
+
+    async def aaddress(self) -> str:
+        """`address` for asyncio: an embedded bridge is started in a worker thread."""
+        if self.target is not None:
+            return self.target
+        return await asyncio.to_thread(embedded.ensure_bridge, self.spec())
+
+    def call(
+        self,
+        rpc: Rpc[Req, Res, Msg],
+        address: str,
+        requests: Sequence[Req],
+    ) -> Call[Req, Res, Msg]:
+        """A `Call` of `requests` to the bridge at `address`, on this route's terms."""
+        return Call(
+            rpc,
+            address,
+            requests,
+            timeout=self.timeout,
+            connect_timeout=self.connect_timeout,
+            security=self.security,
+        )
+
+    def send(self, rpc: Rpc[Req, Res, Msg], requests: Sequence[Req]) -> dict[str, Res | Failure]:
+        """{request_id: outcome} of `requests` sent over one `rpc` call to this route's bridge
+        (`Call`, `send`); {} without a call (and without starting a bridge) when
+        there is nothing to send.
+
+        Raises:
+            ValueError: two requests share a `request_id`.
+            RuntimeError: the embedded bridge could not be started.
+            ProtocolError: the bridge broke the stream's contract.
+        """
+        if not requests:
+            return {}
+        return send(self.call(rpc, self.address(), requests))
+
+    async def asend(
+        self, rpc: Rpc[Req, Res, Msg], requests: Sequence[Req]
+    ) -> dict[str, Res | Failure]:
+        """`send` for asyncio (`asend`; an embedded bridge starts in a worker thread)."""
+        if not requests:
+            return {}
+        return await asend(self.call(rpc, await self.aaddress(), requests))

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 from nemo_gym_grpc.rewards.client import stream
 from nemo_gym_grpc.rewards.client.outcomes import Failure, Outcome
-from nemo_gym_grpc.rewards.client.route import Route
+from nemo_gym_grpc.rewards.client.stream import Route
 from nemo_gym_grpc.rewards.tools import scorefile
 
 CALL_ATTEMPTS = 3

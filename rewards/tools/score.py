@@ -3,8 +3,8 @@
 Rows (NeMo Gym dataset rows with the `response` a rollout saved; the files: `scorefile.py`) are
 read lazily and scored in batches (`batches.py`) through a running bridge (`--target`, else
 `NEMO_GYM_GRPC_TARGET`; TLS and token from the environment) or an embedded one (`--head-url`
-to discover servers, `--server NAME=URL` to route one; `client/route.py`). Everything runs on
-one asyncio event loop:
+to discover servers, `--server NAME=URL` to route one; `stream.Route`). Everything runs on one
+asyncio event loop:
 
 - before scoring: a bridge that refuses the connection fails the run at once (exit 1); one
   that does not answer within `NEMO_GYM_GRPC_CONNECT_TIMEOUT` too; then each server's verdict
@@ -35,7 +35,7 @@ import grpc
 
 from nemo_gym_grpc.rewards.client import channels, embedded, settings
 from nemo_gym_grpc.rewards.client.outcomes import ProtocolError
-from nemo_gym_grpc.rewards.client.route import Route
+from nemo_gym_grpc.rewards.client.stream import Route
 from nemo_gym_grpc.rewards.tools import scorefile, verdicts
 from nemo_gym_grpc.rewards.tools.batches import FileScorer, NoVerdict, Record
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from nemo_gym_grpc.rewards.client import convert, embedded, policy, settings, stream
 from nemo_gym_grpc.rewards.client.outcomes import Outcome
-from nemo_gym_grpc.rewards.client.route import Route
+from nemo_gym_grpc.rewards.client.stream import Route
 from nemo_gym_grpc.rewards.trl import logs
 from nemo_gym_grpc.v1 import verify_pb2
 
