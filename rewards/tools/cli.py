@@ -117,6 +117,8 @@ def output_problem(path: Path) -> str | None:
 
 def _add_export_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The `export` subcommand; `export.run_export` runs it."""
+    from nemo_gym_grpc.rewards.tools.export import FORMATS
+
     cmd = commands.add_parser(
         "export",
         help="write a NeMo Gym dataset JSONL as verl (parquet), slime or OpenRLHF (JSONL) data",
@@ -126,7 +128,7 @@ def _add_export_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     )
     cmd.add_argument("rows", type=Path, help="input JSONL: NeMo Gym dataset rows")
     cmd.add_argument("-o", "--output", type=Path, required=True, help="output file")
-    cmd.add_argument("--format", required=True, choices=("verl", "slime", "openrlhf"))
+    cmd.add_argument("--format", required=True, choices=FORMATS)
     cmd.add_argument(
         "--server", metavar="NAME", help="resources server for rows without resources_server_ref"
     )
