@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
-from nemo_gym_grpc.rewards import ray_target, reward_nemo_gym_verify
+from nemo_gym_grpc.rewards import reward_nemo_gym_verify
+from nemo_gym_grpc.rewards.client import ray_target
 from tests.support.items import mcqa_row, wrong_letter
 
 

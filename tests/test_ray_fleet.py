@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from nemo_gym_grpc.rewards import ray_target
+from nemo_gym_grpc.rewards.client import ray_target
 from tests.stacks_common import VERL_PYTHON, answers, export_examples
 from tests.support import ensure_venv
 from tests.support.hosts import Hosts, hosts_for_test

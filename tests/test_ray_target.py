@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from nemo_gym_grpc.bridge.ray import fleet
-from nemo_gym_grpc.rewards import channels, ray_target
+from nemo_gym_grpc.rewards.client import channels, ray_target
 
 TABLE = {node: {"target": f"10.0.0.{i}:50051"} for i, node in enumerate("abcd", start=1)}
 

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from nemo_gym_grpc.rewards.per_process import PerProcess
+from nemo_gym_grpc.rewards.client.per_process import PerProcess
 
 PREFIX = "ray:"
 # The fleet's Ray namespace and registry actor (nemo_gym_grpc.bridge.ray.fleet, which this
