@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn, run_rollouts, settings
+from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn, run_rollouts
+from nemo_gym_grpc.rewards.client import settings
 from tests.support import BridgeProcess, closed_port, example_rows, start_bridge
 from tests.support.agents import WEATHER_AGENT, WEATHER_RESOURCES
 from tests.support.fault_proxy import FaultProxy
