@@ -14,7 +14,8 @@ Steps ({"do": ..., ...}):
 - "kill" (address, after, plus score's keys): as "score", but once the bridge on `address`
   has answered `after` items of this step, its actor process is SIGKILLed -> score's result
   with "killed" (actor pid) and "answered_before_kill"; "wait_restart" (address) waits until
-  the registry shows that node's bridge again, restarted -> its entry; "sleep" (seconds).
+  the registry shows that node's bridge again, restarted -> its entry and "restart_seconds"
+  (from the kill until it served again); "sleep" (seconds).
 
 Callers are detached actors named per node (made once, reused by later drivers), holding no
 CPU; the bridges' metrics port is METRICS_PORT on every node (serve args must set it).
@@ -148,7 +149,7 @@ def kill_when(address: str, base: float, count: float) -> dict[str, Any]:
     at = answered(address) - base
     pid = entry(address)["actor_pid"]
     os.kill(pid, signal.SIGKILL)
-    return {"killed": pid, "answered_before_kill": at}
+    return {"killed": pid, "answered_before_kill": at, "killed_at": time.time()}
 
 
 def wait_restart(address: str, old_pid: int) -> dict[str, Any]:
@@ -156,7 +157,7 @@ def wait_restart(address: str, old_pid: int) -> dict[str, Any]:
     while time.monotonic() < deadline:
         found = entry(address)
         if found["actor_pid"] != old_pid and found["restarted"]:
-            return dict(found, seconds=120 - (deadline - time.monotonic()))
+            return found
         time.sleep(0.2)
     raise TimeoutError(f"the bridge on {address} was not restarted")
 
@@ -180,7 +181,8 @@ def run(step: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
         case "score" | "kill":
             return score(step)
         case "wait_restart":
-            return wait_restart(step["address"], last["killed"])
+            found = wait_restart(step["address"], last["killed"])
+            return dict(found, restart_seconds=found["serving_since"] - last["killed_at"])
         case "sleep":
             time.sleep(step["seconds"])
             return {}

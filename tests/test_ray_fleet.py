@@ -34,6 +34,13 @@ TOKEN = "ray-fleet-test-token"
 RESULTS = REPO / "build" / "ray_fleet_results.json"
 
 
+def record(key: str, value: Any) -> None:
+    """Add `value` under `key` to RESULTS (the numbers docs/performance.md quotes)."""
+    RESULTS.parent.mkdir(exist_ok=True)
+    found = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    RESULTS.write_text(json.dumps(dict(found, **{key: value}), indent=2) + "\n")
+
+
 class Fleet:
     """The module's cluster: hosts, Ray nodes, the NeMo Gym stack and the bridges' flags."""
 
@@ -124,9 +131,7 @@ def test_items_per_second_with_1_2_and_3_bridge_nodes(fleet: Fleet) -> None:
         assert {a for a, n in scored["bridges"].items() if n} == set(on)
         assert sum(scored["bridges"].values()) == 3 * 256 * 4
         curve[count] = round(scored["items_per_second"], 1)
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"items_per_second_by_bridge_nodes": curve}, indent=2))
-    print(f"items/s with 1, 2, 3 bridge nodes (3 callers, 2 shared cores): {curve}")
+    record("items_per_second_by_bridge_nodes", curve)
 
 
 def test_a_bridge_actor_sigkilled_mid_batch_every_item_one_outcome_then_ray_restarts_it(
@@ -134,13 +139,23 @@ def test_a_bridge_actor_sigkilled_mid_batch_every_item_one_outcome_then_ray_rest
 ) -> None:
     victim = fleet.addresses[1]
     kill = fleet.score(2000, 1, do="kill", address=victim, after=300)
-    _, killed, restarted, later = fleet.run(
-        fleet.start(), kill, {"do": "wait_restart", "address": victim}, fleet.score()
+    backoff = {"do": "sleep", "seconds": 6}  # gRPC's reconnect backoff (at most 5 s)
+    _, killed, restarted, _, later = fleet.run(
+        fleet.start(), kill, {"do": "wait_restart", "address": victim}, backoff, fleet.score()
     )
     assert 300 <= killed["answered_before_kill"] < 2000  # mid-batch
     for caller in killed["callers"]:
         assert caller["items"] == 2000 and caller["wrong"] == 0, caller
         assert caller["as_expected"], caller  # every item scored (redispatched)
+    record(
+        "kill",
+        {
+            "answered_before_kill": killed["answered_before_kill"],
+            "callers": killed["callers"],
+            "restart_seconds": round(restarted["restart_seconds"], 2),
+            "later_by_bridge": later["bridges"],
+        },
+    )
     assert restarted["restarted"] and restarted["actor_pid"] != killed["killed"]
     assert restarted["target"] == f"{victim}:50051"
     for caller in later["callers"]:
@@ -154,6 +169,7 @@ def test_a_nodes_bridge_gone_its_callers_fall_back_to_another_nodes(fleet: Fleet
         fleet.start(), {"do": "drop", "address": gone}, fleet.score(), fleet.start()
     )
     assert dropped["killed"]
+    record("fallback", {"gone": gone, "by_bridge": scored["bridges"], "callers": scored["callers"]})
     for caller in scored["callers"]:
         assert caller["as_expected"] and caller["none"] == 0, caller
     assert scored["bridges"][gone] == 0  # no bridge answers there

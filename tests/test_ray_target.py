@@ -8,11 +8,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from concurrent import futures
 
+import grpc
 import pytest
 
 from nemo_gym_grpc.bridge.ray import fleet
 from nemo_gym_grpc.rewards.client import channels, ray_target
+from tests.support import closed_port
 
 TABLE = {node: {"target": f"10.0.0.{i}:50051"} for i, node in enumerate("abcd", start=1)}
 
@@ -101,3 +105,28 @@ def test_the_own_node_is_the_one_on_this_hosts_address_else_the_attached_one():
     assert ray_target.own_node(_Ray(), {"n1": "10.0.0.1"}) == "attached"
     two = {"n1": "127.0.0.1", "n2": "127.0.0.1"}  # two raylets on one address
     assert ray_target.own_node(_Ray(), two) == "attached"
+
+
+def test_the_home_address_is_the_first_of_the_target():
+    assert ray_target.home("ipv4:10.0.0.3:1,10.0.0.1:1") == "10.0.0.3:1"
+    assert ray_target.home("ipv6:[fd00::2]:7,[fd00::1]:7") == "[fd00::2]:7"
+
+
+def test_a_sync_ray_channel_is_made_anew_once_the_own_bridge_answers_again(monkeypatch):
+    port = closed_port()
+    own, other = f"127.0.0.1:{port}", f"127.0.0.1:{closed_port()}"
+    monkeypatch.setattr(ray_target, "resolve", lambda target: f"ipv4:{own},{other}")
+    first = channels.shared("ray:")
+    assert channels.shared("ray:") is first  # the own bridge is down: no change
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    server.add_insecure_port(own)
+    server.start()
+    try:
+        deadline = time.monotonic() + 10
+        again = channels.shared("ray:")
+        while again is first and time.monotonic() < deadline:  # gRPC's reconnect backoff
+            again = channels.shared("ray:")
+        assert again is not first  # back home: a new pick_first channel starts from it
+        assert channels.shared("ray:") is again  # and stays while the own bridge answers
+    finally:
+        server.stop(None)

@@ -103,6 +103,7 @@ class BridgeActor:
         threading.Thread(target=self._supervise, name="bridge-child", daemon=True).start()
         self._started.wait()
         self._wait_ready(startup_timeout)
+        self.serving_since = time.time()
         self._register()
 
     def _take_over(self) -> None:
@@ -162,7 +163,7 @@ class BridgeActor:
 
     def entry(self) -> dict[str, Any]:
         """{node_id, address, target ("host:port"), pid (the bridge's), actor_pid,
-        restarted (this incarnation is a Ray restart)}."""
+        restarted (this incarnation is a Ray restart), serving_since (Unix time, seconds)}."""
         return {
             "node_id": self.node_id,
             "address": self.address,
@@ -170,6 +171,7 @@ class BridgeActor:
             "pid": self.child.pid if self.child else None,
             "actor_pid": os.getpid(),
             "restarted": self.restarted,
+            "serving_since": self.serving_since,
         }
 
     def _register(self, wait: bool = True) -> None:

@@ -7,7 +7,10 @@ addresses spreads calls over all of them and skips those that refuse connections
 (`dns:///bridge.ns.svc.cluster.local:50051`, e.g. a Kubernetes headless Service). One call
 (one batch's `VerifyStream` or `RunStream`) goes to one bridge; successive calls rotate.
 The target `ray:` (`ray_target.py`) is resolved to the Ray cluster's bridges, own node first,
-on a `pick_first` channel instead.
+on a `pick_first` channel instead: every call goes to the first that accepts connections. A
+sync channel that fell back to another node's bridge stays on it while its connection holds,
+so `shared` makes it anew once the own bridge answers again (`_home_is_back`); an async call's
+channel is its own, so it starts from the own bridge anyway.
 
 Sync calls share one channel per target (and TLS files) per process (`shared`); a forked child
 sets its parent's aside and makes its own (gRPC state does not survive fork). A `grpc.aio`
@@ -137,7 +140,10 @@ def aio_channel(target: str, security: Security = PLAINTEXT) -> grpc.aio.Channel
     return grpc.aio.secure_channel(target, credentials, options=options)
 
 
-_shared: PerProcess[tuple[str, bytes | None, bytes | None, bytes | None], Channel] = PerProcess()
+_Key = tuple[str, bytes | None, bytes | None, bytes | None]
+_shared: PerProcess[_Key, Channel] = PerProcess()
+_retired: list[Channel] = []  # `ray:` channels made anew (calls in flight may still use them)
+HOME_PROBE_SECONDS = 0.1  # most a sync `ray:` call waits to learn the own bridge is back
 
 
 def shared(target: str, security: Security = PLAINTEXT) -> Channel:
@@ -146,9 +152,13 @@ def shared(target: str, security: Security = PLAINTEXT) -> Channel:
     Thread-safe; one per (target, CA, client certificate, client key); the token is not part
     of the key (it travels per call).
     """
+    ray = ray_target.is_ray(target)
     target, options = dial(target)
     key = (target, security.ca, security.client_cert, security.client_key)
+    back = ray and _home_is_back(ray_target.home(target), security)
     with _shared.lock:
+        if back and key in _shared.entries:
+            _retired.append(_shared.entries.pop(key))
         channel = _shared.entries.get(key)
         if channel is None:
             credentials = security.credentials()
@@ -162,3 +172,18 @@ def shared(target: str, security: Security = PLAINTEXT) -> Channel:
                 rollout_pb2_grpc.RolloutServiceStub(raw),
             )
         return channel
+
+
+_away: PerProcess[str, bool] = PerProcess()  # own bridges (of `ray:`) found not to answer
+
+
+def _home_is_back(home: str, security: Security) -> bool:
+    """Whether the own bridge `home` ("host:port") answers again after it last did not (its
+    plain channel, kept for this check, READY at once or within HOME_PROBE_SECONDS)."""
+    probe = shared(home, security)
+    with _away.lock:
+        away = _away.entries.get(home, False)
+    back = probe.is_ready() or probe.wait_ready(HOME_PROBE_SECONDS)
+    with _away.lock:
+        _away.entries[home] = not back
+    return back and away

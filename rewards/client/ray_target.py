@@ -76,6 +76,12 @@ def grpc_target(addresses: list[str]) -> str:
     return "ipv4:" + ",".join(addresses)
 
 
+def home(target: str) -> str:
+    """The first ("own") address of a target `grpc_target` made, as "host:port"."""
+    first = target.split(":", 1)[1].split(",", 1)[0]
+    return first
+
+
 def _connected_ray() -> Any:
     try:
         import ray
