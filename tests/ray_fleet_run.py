@@ -163,10 +163,23 @@ def wait_restart(address: str, old_pid: int) -> dict[str, Any]:
 
 
 def drop(address: str) -> dict[str, Any]:
+    """End the bridge on `address` for good; returns once its actor and bridge are gone."""
     node = nodes_by_address()[address]
-    pid = entry(address)["actor_pid"]
+    found = entry(address)
     ray.kill(ray.get_actor(bridge_name(node), namespace=NAMESPACE), no_restart=True)
-    return {"killed": pid}
+    deadline = time.monotonic() + 60
+    while any(running(found[k]) for k in ("actor_pid", "pid")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"killed": found["actor_pid"]}
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (the hosts share one process table)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def run(step: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
