@@ -48,18 +48,19 @@ def test_only_ray_colon_is_the_ray_form_and_other_targets_pass_through():
     assert ray_target.is_ray("ray:") and ray_target.is_ray(" ray: ")
     assert not ray_target.is_ray("ray:10.0.0.1:6379") and not ray_target.is_ray(None)
     assert ray_target.resolve("ipv4:10.0.0.1:1,10.0.0.2:1") == "ipv4:10.0.0.1:1,10.0.0.2:1"
-    assert channels.dial("127.0.0.1:1") == ("127.0.0.1:1", channels.CHANNEL_OPTIONS)
 
 
-def test_a_ray_target_dials_with_pick_first_and_the_other_options_unchanged(monkeypatch):
+def test_a_ray_target_falls_back_with_pick_first_and_the_other_options_unchanged(monkeypatch):
+    made = []
     monkeypatch.setattr(ray_target, "resolve", lambda target: "ipv4:10.0.0.3:1,10.0.0.1:1")
-    target, options = channels.dial("ray:")
-    assert target == "ipv4:10.0.0.3:1,10.0.0.1:1"
-    config = json.loads(dict(options)["grpc.service_config"])
+    monkeypatch.setattr(grpc.aio, "insecure_channel", lambda *a, **k: made.append((a, k)))
+    channels.aio_channel("ray:")
+    ((args, kwargs),) = made
+    assert args == ("ipv4:10.0.0.3:1,10.0.0.1:1",)
+    options = dict(kwargs["options"])
+    config = json.loads(options.pop("grpc.service_config"))
     assert config == {"loadBalancingConfig": [{"pick_first": {}}]}
-    assert [o for o in options if o[0] != "grpc.service_config"] == [
-        o for o in channels.CHANNEL_OPTIONS if o[0] != "grpc.service_config"
-    ]
+    assert options == {k: v for k, v in channels.CHANNEL_OPTIONS if k != "grpc.service_config"}
 
 
 def test_both_sides_name_the_fleets_ray_namespace_and_registry_alike():
@@ -112,21 +113,21 @@ def test_the_home_address_is_the_first_of_the_target():
     assert ray_target.home("ipv6:[fd00::2]:7,[fd00::1]:7") == "[fd00::2]:7"
 
 
-def test_a_sync_ray_channel_is_made_anew_once_the_own_bridge_answers_again(monkeypatch):
-    port = closed_port()
-    own, other = f"127.0.0.1:{port}", f"127.0.0.1:{closed_port()}"
-    monkeypatch.setattr(ray_target, "resolve", lambda target: f"ipv4:{own},{other}")
-    first = channels.shared("ray:")
-    assert channels.shared("ray:") is first  # the own bridge is down: no change
+def test_a_sync_ray_call_goes_on_the_own_bridges_channel_while_it_answers(monkeypatch):
+    own, other = f"127.0.0.1:{closed_port()}", f"127.0.0.1:{closed_port()}"
+    bridges = f"ipv4:{own},{other}"
+    monkeypatch.setattr(ray_target, "resolve", lambda target: bridges)
+    down = channels.shared("ray:")  # own down: pick_first over both, own first
+    assert down is not channels.shared(own) and down is not channels.shared(bridges)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     server.add_insecure_port(own)
     server.start()
     try:
         deadline = time.monotonic() + 10
-        again = channels.shared("ray:")
-        while again is first and time.monotonic() < deadline:  # gRPC's reconnect backoff
-            again = channels.shared("ray:")
-        assert again is not first  # back home: a new pick_first channel starts from it
-        assert channels.shared("ray:") is again  # and stays while the own bridge answers
+        home = channels.shared("ray:")
+        while home is down and time.monotonic() < deadline:  # gRPC's reconnect backoff
+            home = channels.shared("ray:")
+        assert home is channels.shared(own)  # back home as soon as it answers
+        assert channels.shared("ray:") is home
     finally:
         server.stop(None)

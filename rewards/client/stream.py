@@ -251,8 +251,8 @@ def send(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
     """
     if not call.sendable:
         return call.finish()
-    channel = channels.shared(call.target, call.security)
-    while True:
+    while True:  # each stream on the channel `shared` gives now (`ray:`: it may change)
+        channel = channels.shared(call.target, call.security)
         if not channel.wait_ready(min(call.connect_wait, call.left())):
             call.on_no_connection()
             return call.finish()
@@ -273,8 +273,8 @@ async def asend(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
     the bridge cancels its items' `/verify` or `/run` requests)."""
     if not call.sendable:
         return call.finish()
-    async with channels.aio_channel(call.target, call.security) as channel:
-        while True:
+    while True:  # each stream on a channel of its own
+        async with channels.aio_channel(call.target, call.security) as channel:
             try:
                 await asyncio.wait_for(channel.channel_ready(), min(call.connect_wait, call.left()))
             except asyncio.TimeoutError:
@@ -287,8 +287,8 @@ async def asend(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
             with call.reading(responses):
                 async for message in responses:
                     call.on_message(message.results)
-            if not call.resend():
-                return call.finish()
+        if not call.resend():
+            return call.finish()
 
 
 @dataclass(frozen=True)
