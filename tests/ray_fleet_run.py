@@ -8,7 +8,9 @@ Steps ({"do": ..., ...}):
   restart it) -> {"killed": actor pid}.
 - "score" (size, batches, on: caller host addresses): a caller actor on each of those nodes
   scores `batches` calls of `size` mcqa items through `create_nemo_gym_reward_fn(...,
-  target="ray:")` at the same time -> per caller its node address, rewards right/wrong as
+  target="ray:")` at the same time, each reading the bridge table afresh first (a caller
+  would otherwise keep it up to `ray_target.CACHE_SECONDS`) -> per caller its node address,
+  rewards right/wrong as
   expected, None count, seconds; "bridges": items each bridge answered meanwhile (from its
   Prometheus `nemo_gym_grpc_items_total`), by address; "items_per_second" over all callers.
 - "kill" (address, after, plus score's keys): as "score", but once the bridge on `address`
@@ -55,6 +57,9 @@ class Caller:
         )
 
     def score(self, size: int, batches: int) -> dict[str, Any]:
+        from nemo_gym_grpc.rewards.client import ray_target
+
+        ray_target.forget()  # read the bridge table now (a step may have just changed it)
         row = mcqa_row()
         right = str(row["expected_answer"])
         letters = [right if i % 2 == 0 else wrong_letter(right) for i in range(size)]
