@@ -10,9 +10,9 @@ Steps ({"do": ..., ...}):
   scores `batches` calls of `size` mcqa items through `create_nemo_gym_reward_fn(...,
   target="ray:")` at the same time, each reading the bridge table afresh first (a caller
   would otherwise keep it up to `ray_target.CACHE_SECONDS`) -> per caller its node address,
-  rewards right/wrong as
-  expected, None count, seconds; "bridges": items each bridge answered meanwhile (from its
-  Prometheus `nemo_gym_grpc_items_total`), by address; "items_per_second" over all callers.
+  rewards right/wrong as expected, None count, seconds; "bridges": items each bridge answered
+  meanwhile (from its Prometheus `nemo_gym_grpc_items_total`), by address; "items_per_second"
+  over all callers.
 - "kill" (address, after, plus score's keys): as "score", but once the bridge on `address`
   has answered `after` items of this step, its actor process is SIGKILLed -> score's result
   with "killed" (actor pid) and "answered_before_kill"; "wait_restart" (address) waits until
