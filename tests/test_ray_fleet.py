@@ -186,9 +186,16 @@ def test_the_fleet_command_line_starts_lists_and_stops_bridges(fleet: Fleet) -> 
     assert json.loads(status.stdout) == table
     bad = fleet.cluster.driver([*module, "start", "--", "--listen", "0.0.0.0:1"])
     assert bad.returncode == 2 and "the fleet sets --listen" in bad.stderr
+    assert json.loads(fleet.cluster.driver([*module, "status"]).stdout) == table
     stopped = fleet.cluster.driver([*module, "stop", "--grace", "5"])
     assert stopped.stdout.strip().endswith("stopped 3 bridges")
     assert all(not local for local in _listeners(fleet, 50051).values())
+    # a bridge on a node's address without a token, TLS or --insecure refuses to start
+    open_flags = [f for f in fleet.serve_args if f != "--token-file" and "token" not in f]
+    refused = fleet.cluster.driver([*module, "start", "--", *open_flags])
+    assert refused.returncode == 1 and "refusing to listen on non-loopback" in refused.stderr
+    again = fleet.cluster.driver([*module, "start", "--", *fleet.serve_args])  # then it starts
+    assert again.returncode == 0 and len(json.loads(again.stdout)) == 3
 
 
 def test_verls_own_ray_reward_loop_scores_through_each_workers_node_bridge(fleet: Fleet) -> None:

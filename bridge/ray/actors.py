@@ -5,7 +5,9 @@ group) on `<node address>:<port>`, with `--workers` = the CPUs the actor holds (
 `--exit-with-parent` and the caller's serve flags. A thread of the actor starts the child with
 the parent-death signal SIGKILL (Linux `prctl(PR_SET_PDEATHSIG)`, tied to that thread, which
 lives as long as the actor), waits on it and ends the actor process when the child exits, so
-the actor and its bridge live and die together and Ray's `max_restarts` restarts both. Before
+the actor and its bridge live and die together and Ray's `max_restarts` restarts both. The
+child's output goes to the actor's stderr (Ray's worker log, rotated by Ray); a bridge that
+does not start fails the actor's creation with its last lines. Before
 it starts a child, an actor SIGKILLs the process group of the bridge an earlier incarnation
 left on its node and port (its pid file is under the system temp folder; a `--workers` bridge's
 workers outlive a SIGKILLed parent by up to a second), so the port is free again.
@@ -20,12 +22,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +38,8 @@ import ray
 from nemo_gym_grpc.bridge.server import read_ready_file
 
 REREGISTER_SECONDS = 10.0
+OUTPUT_LINES = 40  # lines of the bridge's output kept for the message when it fails to start
 _PR_SET_PDEATHSIG = 1
-_STDERR_TAIL = 4000  # characters of the child's output quoted when it fails to start
 
 
 class Registry:
@@ -97,11 +101,15 @@ class BridgeActor:
         self.command += ["--ready-file", str(self.workdir / "ready"), "--exit-with-parent"]
         self.command += list(serve_args)
         self.child: subprocess.Popen[bytes] | None = None
+        self.serving_since: float | None = None  # Unix time the bridge served
+        self.output: deque[str] = deque(maxlen=OUTPUT_LINES)
         self.stopping = False
         self._started = threading.Event()
         self._take_over()
         threading.Thread(target=self._supervise, name="bridge-child", daemon=True).start()
         self._started.wait()
+        if self.child is None:
+            raise RuntimeError(f"could not start {' '.join(self.command)}: {self.output[-1]}")
         self._wait_ready(startup_timeout)
         self.serving_since = time.time()
         self._register()
@@ -119,17 +127,22 @@ class BridgeActor:
     def _supervise(self) -> None:
         """Start the child, then wait on it; when it exits (and no stop was asked), end the
         actor process so Ray restarts actor and bridge."""
-        with open(self.workdir / "output.log", "wb") as out:
+        try:
             self.child = subprocess.Popen(
                 self.command,
                 stdin=subprocess.DEVNULL,
-                stdout=out,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+        except OSError as exc:
+            self.output.append(str(exc))
+            return
+        finally:
+            self._started.set()
         self.pidfile.write_text(str(self.child.pid))
-        self._started.set()
+        threading.Thread(target=self._relay, name="bridge-output", daemon=True).start()
         while True:
             try:
                 code = self.child.wait(timeout=REREGISTER_SECONDS)
@@ -142,10 +155,14 @@ class BridgeActor:
             sys.stdout.flush()
             os._exit(1)
 
-    def _output(self) -> str:
-        with contextlib.suppress(OSError):
-            return (self.workdir / "output.log").read_text(errors="replace")[-_STDERR_TAIL:]
-        return ""
+    def _relay(self) -> None:
+        """The child's output, line by line, to this actor's stderr (Ray's worker log, which
+        Ray rotates), its last OUTPUT_LINES lines kept for error messages."""
+        assert self.child is not None and self.child.stdout is not None
+        for raw in self.child.stdout:
+            line = raw.decode(errors="replace")
+            self.output.append(line.rstrip("\n"))
+            sys.stderr.write(line)
 
     def _wait_ready(self, timeout: float) -> None:
         assert self.child is not None, "_supervise set it"
@@ -155,9 +172,9 @@ class BridgeActor:
                 self.stopping = True
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.child.pid, signal.SIGKILL)
+                output = "\n".join(self.output)
                 raise RuntimeError(
-                    f"bridge on {self.target} did not serve ({' '.join(self.command)}):\n"
-                    f"{self._output()}"
+                    f"bridge on {self.target} did not serve ({' '.join(self.command)}):\n{output}"
                 )
             time.sleep(0.05)
 
@@ -197,4 +214,5 @@ class BridgeActor:
             child.wait(timeout=10)
         with contextlib.suppress(OSError):
             self.pidfile.unlink()
+        shutil.rmtree(self.workdir, ignore_errors=True)
         return child.returncode
