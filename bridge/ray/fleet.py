@@ -85,7 +85,7 @@ def start_bridges(
     """
     _check_flags(serve_args)
     _registry()
-    pending = []
+    started: list[tuple[Any, Any]] = []  # (actor handle, its `entry` call)
     for node in ray.nodes():  # type: ignore[no-untyped-call]
         node_id = node["NodeID"]
         if not node["Alive"] or (nodes is not None and node_id not in nodes):
@@ -103,10 +103,23 @@ def start_bridges(
         handle: Any = actor.remote(
             list(serve_args), port, max(1, int(cpus)), REGISTRY_NAME, NAMESPACE, startup_timeout
         )
-        pending.append(handle.entry.remote())
-    entries: list[dict[str, Any]] = ray.get(pending)
-    log.info("bridges: %s", ", ".join(e["target"] for e in entries))
+        started.append((handle, handle.entry.remote()))
+    _await_started(started)
     return bridge_table()
+
+
+def _await_started(started: list[tuple[Any, Any]]) -> None:
+    """Wait until every bridge serves or failed; end the failed ones (their names free again
+    for the next `start`) and raise the first failure."""
+    failures = []
+    for handle, entry in started:
+        try:
+            log.info("bridge on %s", ray.get(entry)["target"])
+        except ray.exceptions.RayError as exc:
+            ray.kill(handle, no_restart=True)
+            failures.append(exc)
+    if failures:
+        raise failures[0]
 
 
 def bridge_table() -> dict[str, dict[str, Any]]:
