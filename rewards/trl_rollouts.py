@@ -210,6 +210,52 @@ def _guard(failures: Mapping[int, Failure], total: int, fraction: float, where: 
     log.warning("%s (reward NaN, completion masked; %s): %s", head, where, policy.summary(failures))
 
 
+def run_rows(
+    rows: Sequence[Mapping[str, Any]],
+    prompts: Sequence[Any],
+    trainer: Any,
+    *,
+    agent: str | None = None,
+    target: str | None = None,
+    batch_timeout: float | None = None,
+    run_timeout: float | None = None,
+    trainer_sampling: bool = True,
+    max_failure_fraction: float | None = None,
+    where: str = "rollouts",
+) -> dict[str, list[Any]]:
+    """NeMo Gym rows (one per prompt, already looked up) run as rollouts for a GRPO trainer:
+    the part `rollout_func` and axolotl's data producer (`nemo_gym_grpc.rewards.axolotl`)
+    share. Keywords as `create_nemo_gym_rollout_func`'s (None = the env var, read now);
+    `where` names the caller in the failure message.
+
+    Returns:
+        `rollout_output`'s dict, one entry per row (failed rollouts: NaN, masked).
+
+    Raises:
+        ScoringError: more than `max_failure_fraction` of the rollouts failed.
+        What `rollouts.run_rollouts` raises.
+    """
+    sampling = (
+        {"temperature": float(trainer.temperature), "top_p": float(trainer.top_p)}
+        if trainer_sampling
+        else None
+    )
+    outcomes = rollouts.run_rollouts(
+        rows,
+        agent=agent,
+        target=target,
+        batch_timeout=batch_timeout,
+        run_timeout=run_timeout,
+        prompts=prompts,
+        responses_create_params=sampling,
+    )
+    failures: dict[int, Failure] = {}
+    output = rollout_output(outcomes, eos_token_id(trainer), failures)
+    fraction = settings.resolve(max_failure_fraction, settings.max_failure_fraction)
+    _guard(failures, len(rows), fraction, where)
+    return output
+
+
 def create_nemo_gym_rollout_func(
     agent: str | None = None,
     *,
@@ -272,25 +318,17 @@ def create_nemo_gym_rollout_func(
         """NeMo Gym rollouts for TRL's `prompts` (one per entry); see
         `create_nemo_gym_rollout_func`."""
         index = index_for(trainer)
-        batch_rows = [nemo_gym_row(index.row(prompt), row_column) for prompt in prompts]
-        sampling = (
-            {"temperature": float(trainer.temperature), "top_p": float(trainer.top_p)}
-            if trainer_sampling
-            else None
-        )
-        outcomes = rollouts.run_rollouts(
-            batch_rows,
+        return run_rows(
+            [nemo_gym_row(index.row(prompt), row_column) for prompt in prompts],
+            prompts,
+            trainer,
             agent=agent,
             target=target,
             batch_timeout=batch_timeout,
             run_timeout=run_timeout,
-            prompts=prompts,
-            responses_create_params=sampling,
+            trainer_sampling=trainer_sampling,
+            max_failure_fraction=max_failure_fraction,
+            where=f"rollout_func, {len(prompts)} prompts",
         )
-        failures: dict[int, Failure] = {}
-        output = rollout_output(outcomes, eos_token_id(trainer), failures)
-        fraction = settings.resolve(max_failure_fraction, settings.max_failure_fraction)
-        _guard(failures, len(prompts), fraction, f"rollout_func, {len(prompts)} prompts")
-        return output
 
     return rollout_func
