@@ -8,9 +8,18 @@ scoring (single-turn) and rollouts (multi-turn, axolotl's data producer) go thro
 bridge, failures are NaN and masked, never 0.0. docs/axolotl.md has both YAML configs.
 Modules: `plugin` (the plugin), `producer` (the data producer), `batch` (rollouts -> the
 trainer's batch), `wiring` (one NeMo Gym reward function per trainer). Needs axolotl 0.21
-(Python >= 3.12); importing this package imports axolotl.
+(Python >= 3.12), imported when `NemoGymPlugin` is first looked up (the other modules
+import no axolotl).
 """
 
-from nemo_gym_grpc.rewards.axolotl.plugin import NemoGymPlugin
+from typing import Any
 
 __all__ = ["NemoGymPlugin"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "NemoGymPlugin":
+        from nemo_gym_grpc.rewards.axolotl.plugin import NemoGymPlugin
+
+        return NemoGymPlugin
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
