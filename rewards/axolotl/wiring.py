@@ -43,7 +43,7 @@ def install_reward(trainer: Any, func: Callable[..., Any], name: str = NAME) -> 
 
     Returns:
         The qualified names of the NeMo Gym reward functions it replaced or removed
-        (empty when `func` was appended).
+        (empty when `func` was appended, or was the only one listed).
 
     Raises:
         ValueError: the trainer's reward lists differ in length (not a TRL GRPOTrainer).
@@ -65,6 +65,9 @@ def install_reward(trainer: Any, func: Callable[..., Any], name: str = NAME) -> 
         classes.append(None)
         trainer.reward_weights = torch.cat([weights, torch.ones(1, dtype=weights.dtype)])
         return replaced
+    if len(found) == 1 and funcs[found[0]] is func:  # listed already: only its name changes
+        names[found[0]], classes[found[0]] = name, None
+        return []
     first, rest = found[0], set(found[1:])
     funcs[first], names[first], classes[first] = func, name, None
     keep = [index for index in range(len(funcs)) if index not in rest]

@@ -1,0 +1,200 @@
+"""Real axolotl 0.21.0 (its own venv, tests/support/axolotl_venv.py) training through
+`nemo_gym_grpc.rewards.axolotl.NemoGymPlugin`, run as users do (`python -m axolotl.cli.train
+config.yaml` in a working folder), with the configs of docs/axolotl.md as written there, against
+real NeMo Gym 0.7.0:
+
+- single-turn: 2 GRPO steps over mcqa's example rows plus a row whose resources server does not
+  exist: one NeMo Gym reward column; that row NaN, every other reward equal to mcqa's own
+  `/verify` of the same completion;
+- multi-turn: 2 steps through axolotl's data producer (with and without `async_prefetch`) on
+  the project's agent stack: the weather agent's rollouts with the agent's own rewards, a
+  masked rollout and one for an unknown agent NaN with no token in `completion_mask`.
+
+The policy is a tiny Llama built here (tests/support/tiny_trl.py), so nothing is downloaded.
+What the trainer got is recorded inside axolotl by tests/axolotl_observer.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from tests.support import NoSuitablePython, example_rows, toy_chat
+from tests.support.axolotl_venv import ensure_axolotl
+from tests.support.errors import NemoGymError
+from tests.test_rollouts_client import masked_row, run_over_http, weather_rows
+from tests.test_trl import verify_over_http
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "axolotl.md"
+OBSERVER = "tests.axolotl_observer.ObserverPlugin"
+REPLACED_LINE = "takes the place of the first"
+MCQA_VOCAB = ["<pad>", "<unk>", "<s>", "</s>", "user:", "assistant:"] + [
+    f"\\boxed{{{letter}}}" for letter in "ABCDEI"
+]
+
+
+@pytest.fixture(scope="module")
+def axolotl_python() -> Path:
+    """The axolotl venv's interpreter (built on first use; fails, never skips, in CI)."""
+    try:
+        return ensure_axolotl()
+    except (NoSuitablePython, NemoGymError) as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"axolotl unavailable: {exc}", pytrace=False)
+        pytest.skip(f"axolotl unavailable: {exc}")
+
+
+def doc_config(name: str) -> dict[str, Any]:
+    """The YAML block after `<!-- config: NAME -->` in docs/axolotl.md."""
+    text = DOC.read_text()
+    block = text[text.index(f"<!-- config: {name} -->") :].split("```yaml\n", 1)[1]
+    config: dict[str, Any] = yaml.safe_load(block.split("```", 1)[0])
+    return config
+
+
+def tiny_model(folder: Path, vocab: list[str], **special: str) -> None:
+    """A tiny Llama and its word tokenizer saved in `folder` (the config's `./tiny-llama`)."""
+    from tests.support.tiny_trl import tiny_llama, word_tokenizer
+
+    tokenizer = word_tokenizer(vocab, **special)
+    tiny_llama(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def train(python: Path, workdir: Path, config: dict[str, Any], head_url: str) -> list[dict]:
+    """`python -m axolotl.cli.train config.yaml` in `workdir` with the doc's `config`, the
+    head port of `head_url` and the observer plugin; the observer's records."""
+    config = dict(config, nemo_gym_head_port=urlsplit(head_url).port)
+    config["plugins"] = [*config["plugins"], OBSERVER]
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEMO_GYM_GRPC_")}
+    env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="", WANDB_MODE="disabled")
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", DO_NOT_TRACK="1")
+    done = subprocess.run(
+        [str(python), "-m", "axolotl.cli.train", "config.yaml"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    (workdir / "train.log").write_text(done.stdout + done.stderr)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    assert (done.stdout + done.stderr).count(REPLACED_LINE) <= 1
+    observed = workdir / config["output_dir"] / "observed.jsonl"
+    return [json.loads(line) for line in observed.read_text().splitlines()]
+
+
+def logged_means(records: list[dict]) -> list[float]:
+    """The trainer's logged `rewards/nemo_gym/mean`, one per step."""
+    return [r["log"]["rewards/nemo_gym/mean"] for r in records if "rewards/nemo_gym/mean" in r.get("log", {})]
+
+
+def nanmean(values: list[float | None]) -> float:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+def test_single_turn_grpo_scores_through_the_bridge_once_and_a_failed_row_is_nan(
+    axolotl_python, nemo_gym, tmp_path
+):
+    rows = example_rows("mcqa")
+    write_rows(tmp_path / "data" / "mcqa.jsonl", rows)
+    write_rows(tmp_path / "data" / "unknown.jsonl", rows[:1])
+    tiny_model(tmp_path / "tiny-llama", MCQA_VOCAB)
+    config = doc_config("single-turn")
+    unknown = {"path": "data/unknown.jsonl", "server_name": "no_such_server"}
+    config["nemo_gym_datasets"] = [*config["nemo_gym_datasets"], unknown]
+    records = train(axolotl_python, tmp_path, config, nemo_gym.head_url)
+    log_text = (tmp_path / "train.log").read_text()
+    assert log_text.count(REPLACED_LINE) == 1  # trl.reward_funcs listed ours: said once
+
+    assert [r["reward_funcs"] for r in records if "reward_funcs" in r] == [["nemo_gym"]]
+    calls = [r for r in records if "call" in r]
+    assert len(calls) == 2 and {c["call"] for c in calls} == {"nemo_gym"}
+    mcqa_url = nemo_gym.server_urls["mcqa"]
+    failed = scored = 0
+    for call in calls:
+        assert len(call["completions"]) == 6
+        for text, ref, row, reward in zip(
+            call["completions"],
+            call["resources_server_ref"],
+            call["verify_extra"],
+            call["rewards"],
+            strict=True,
+        ):
+            if ref["name"] == "no_such_server":
+                assert reward is None  # NaN, not 0.0
+                failed += 1
+            else:
+                assert reward == verify_over_http(mcqa_url, row, text)
+                scored += 1
+    assert (failed, scored) == (2, 10)  # each of the 6 rows once, 2 generations each
+    assert logged_means(records) == pytest.approx([nanmean(c["rewards"]) for c in calls])
+
+
+def multi_turn_rows(venv: Path) -> list[dict[str, Any]]:
+    """4 weather rows, the masked row, and a weather row naming an agent that does not exist."""
+    weather = weather_rows(venv)[:4]
+    unknown = dict(weather[0], agent_ref={"type": "responses_api_agents", "name": "no_agent"})
+    return [*weather, masked_row(venv), unknown]
+
+
+@pytest.mark.nemo_gym_07  # the masked agent needs 0.7's judge_failsafe
+@pytest.mark.parametrize("async_prefetch", [False, True])
+def test_multi_turn_rollouts_feed_axolotls_data_producer_and_failures_are_nan_and_masked(
+    async_prefetch, axolotl_python, agent_stack, nemo_gym_venv, tmp_path
+):
+    rows = multi_turn_rows(nemo_gym_venv)
+    write_rows(tmp_path / "data" / "rows.jsonl", rows)
+    tiny_model(
+        tmp_path / "tiny-llama", toy_chat.VOCAB, pad="<pad>", unk="<pad>", bos="<s>", eos="</s>"
+    )
+    config = doc_config("multi-turn")
+    config["trl"] = dict(config["trl"], async_prefetch=async_prefetch)
+    sampling = {"temperature": 1.0, "top_p": 1.0}  # the trainer's, set on every row
+    truths = {}
+    for row in rows[:4]:
+        reply = run_over_http(
+            agent_stack, dict(row, responses_create_params={**row["responses_create_params"], **sampling})
+        )
+        truths[json.dumps(row["responses_create_params"], sort_keys=True)] = reply["reward"]
+    records = train(axolotl_python, tmp_path, config, agent_stack.head_url)
+
+    assert [r["reward_funcs"] for r in records if "reward_funcs" in r] == [["nemo_gym"]]
+    produced = [r["produced"] for r in records if "produced" in r]
+    assert len(produced) >= 2  # with async_prefetch, the next batch may have been produced too
+    for batch in produced[:2]:
+        assert len(batch) == 12 and sorted(s["agent"] for s in batch).count("no_agent") == 2
+        for sample in batch:
+            if sample["agent"] in ("math_agent", "no_agent"):
+                assert sample["env_reward"] is None and sample["rollout_error"]
+                assert sample["completion_mask"] == sample["tool_mask"] == 0
+            else:
+                assert sample["rollout_error"] is None and sample["env_reward"] == 1.0
+                assert sample["completion_mask"] == sample["tokens"] > sample["tool_mask"] > 0
+        unknown = [s["rollout_error"] for s in batch if s["agent"] == "no_agent"]
+        assert all(error.startswith("NOT_FOUND") for error in unknown)
+    calls = [r for r in records if "call" in r]
+    assert len(calls) == 2
+    for call in calls:
+        assert call["rewards"] == call["env_reward"]
+        for row, reward in zip(call["verify_extra"], call["rewards"], strict=True):
+            agent = row["agent_ref"]["name"]
+            key = json.dumps(row["responses_create_params"], sort_keys=True)
+            assert reward == (None if agent in ("math_agent", "no_agent") else truths[key])
+    assert logged_means(records) == pytest.approx([nanmean(c["rewards"]) for c in calls])
