@@ -101,7 +101,8 @@ def train(python: Path, workdir: Path, config: dict[str, Any], head_url: str) ->
 
 def logged_means(records: list[dict]) -> list[float]:
     """The trainer's logged `rewards/nemo_gym/mean`, one per step."""
-    return [r["log"]["rewards/nemo_gym/mean"] for r in records if "rewards/nemo_gym/mean" in r.get("log", {})]
+    key = "rewards/nemo_gym/mean"
+    return [r["log"][key] for r in records if key in r.get("log", {})]
 
 
 def nanmean(values: list[float | None]) -> float:
@@ -169,9 +170,8 @@ def test_multi_turn_rollouts_feed_axolotls_data_producer_and_failures_are_nan_an
     sampling = {"temperature": 1.0, "top_p": 1.0}  # the trainer's, set on every row
     truths = {}
     for row in rows[:4]:
-        reply = run_over_http(
-            agent_stack, dict(row, responses_create_params={**row["responses_create_params"], **sampling})
-        )
+        params = {**row["responses_create_params"], **sampling}
+        reply = run_over_http(agent_stack, dict(row, responses_create_params=params))
         truths[json.dumps(row["responses_create_params"], sort_keys=True)] = reply["reward"]
     records = train(axolotl_python, tmp_path, config, agent_stack.head_url)
 

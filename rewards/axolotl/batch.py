@@ -18,7 +18,7 @@ import torch
 from trl.trainer.utils import pad
 
 
-def _padded(rows: Sequence[Sequence[float]], value: float, side: str, dtype: Any, device: Any) -> Any:
+def _padded(rows: Sequence[Sequence[float]], value: int, side: str, dtype: Any, device: Any) -> Any:
     """`rows` as one (len(rows), longest) tensor padded with `value` on `side` (TRL's `pad`)."""
     return pad(
         [torch.tensor(list(row), dtype=dtype, device=device) for row in rows],
@@ -85,9 +85,7 @@ def rollout_data(
         "completion_mask": completion_mask,
         "num_items_in_batch": completion_mask.sum(),
         "advantages": torch.zeros(count, device=device),
-        "sampling_per_token_logps": _padded(
-            output["logprobs"], 0.0, "right", torch.float32, device
-        ),
+        "sampling_per_token_logps": _padded(output["logprobs"], 0, "right", torch.float32, device),
         "tool_mask": _padded(output["env_mask"], 1, "right", torch.long, device),
         "_pending_policy_logps": True,
         "_deferred_inputs": deferred,

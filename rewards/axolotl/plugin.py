@@ -41,7 +41,7 @@ DEFAULT_HEAD_PORT = 11000  # axolotl's nemo_gym_head_port default (NemoGymArgs)
 DEFAULT_RUN_TIMEOUT = 300.0  # axolotl's nemo_gym_run_timeout default, seconds
 
 
-class NemoGymPlugin(AxolotlNemoGymPlugin):  # type: ignore[misc]
+class NemoGymPlugin(AxolotlNemoGymPlugin):
     """axolotl plugin `nemo_gym_grpc.rewards.axolotl.NemoGymPlugin` (see the module
     docstring): `plugins: [nemo_gym_grpc.rewards.axolotl.NemoGymPlugin]` with axolotl's
     `nemo_gym_*` keys."""

@@ -43,9 +43,12 @@ class RolloutSettings:
     max_output_tokens: int | None = None
 
 
-class NemoGymDataProducer(GRPODataProducer):  # type: ignore[misc]
+class NemoGymDataProducer(GRPODataProducer):
     """axolotl's `GRPODataProducer` (same constructor, plus keyword `rollouts`) producing
     NeMo Gym rollouts through the bridge (see the module docstring)."""
+
+    _prompt_dl: Any  # axolotl's prompt DataLoader and its iterator (GRPODataProducer)
+    _prompt_iter: Any
 
     def __init__(self, *args: Any, rollouts: RolloutSettings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
