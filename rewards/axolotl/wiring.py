@@ -4,7 +4,7 @@ axolotl's NeMo Gym plugin always appends its own reward function to `trainer.rew
 so a config that also lists one in `trl.reward_funcs` (which axolotl's own examples do) scores
 every completion twice and logs the sum. Here the plugin's function takes the place of the
 first NeMo Gym reward function the trainer already has (keeping the order of the reward
-columns and `trl.reward_weights`), the others are removed, and the change is logged once.
+columns and `trl.reward_weights`), the others are removed, and one warning says so.
 Without one, it is appended with weight 1.0. No axolotl import: works on any TRL
 `GRPOTrainer` (its `reward_funcs`, `reward_func_names`, `reward_processing_classes`,
 `reward_weights`, TRL 1.14 and newer).
@@ -75,7 +75,7 @@ def install_reward(trainer: Any, func: Callable[..., Any], name: str = NAME) -> 
     names[:] = [names[index] for index in keep]
     classes[:] = [classes[index] for index in keep]
     trainer.reward_weights = weights[keep]
-    log.info(
+    log.warning(
         "NeMo Gym: the trainer had %s; the plugin's %r reward function (%s) takes the place "
         "of the first, so every completion is scored by NeMo Gym once",
         ", ".join(replaced),

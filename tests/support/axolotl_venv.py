@@ -4,8 +4,9 @@ adds this package to it.
     python = ensure_axolotl()   # Path of <checkout>/build/axolotl-venv/bin/python
 
 - The base, <cache>/axolotl-0.21.0-py3.<minor> (cache as venv.py's: ~/.cache/nemo_gym_grpc),
-  built once and shared: `pip install --no-deps -r tests/support/axolotl-0.21.0.txt`, the
-  pinned list that file's header explains (pip's own resolution less the GPU-only packages).
+  built once and shared (rebuilt when that file changes): `pip install --no-deps -r
+  tests/support/axolotl-0.21.0.txt`, the pinned list that file's header explains (pip's own
+  resolution less the GPU-only packages).
   axolotl >= 0.20 declares Python >= 3.12: python3.12 / python3.13 on PATH or pyenv's, or env
   AXOLOTL_PYTHON. Cost: BUILD_COST.
 - The overlay, <checkout>/build/axolotl-venv: a venv of the same interpreter without pip of its
@@ -107,11 +108,11 @@ def ensure_base(python: str | None = None, timeout: float = 3600.0) -> Path:
     """The shared base venv (built on first use; see the module docstring)."""
     python = python or find_python()
     venv = base_dir(python)
-    if venv_is_complete(venv):
+    if _built_from_requirements(venv):
         return venv
     log = venv.with_name(venv.name + ".install.log")
     with file_lock(venv.with_name(venv.name + ".lock"), timeout, log, what=WHAT):
-        if venv_is_complete(venv):
+        if _built_from_requirements(venv):
             return venv
         if venv.exists():
             shutil.rmtree(venv)
@@ -129,6 +130,14 @@ def ensure_base(python: str | None = None, timeout: float = 3600.0) -> Path:
         _mark(venv, axolotl=AXOLOTL_VERSION, requirements=_digest(REQUIREMENTS), seconds=seconds)
         print(f"built {venv} in {seconds} s", file=sys.stderr)
     return venv
+
+
+def _built_from_requirements(venv: Path) -> bool:
+    """The base is complete and was built from the current requirements file."""
+    if not venv_is_complete(venv):
+        return False
+    marker = json.loads((venv / MARKER_NAME).read_text())
+    return bool(marker.get("requirements") == _digest(REQUIREMENTS))
 
 
 def _digest(path: Path) -> str:
