@@ -53,7 +53,7 @@ def test_the_plugins_function_replaces_every_listed_one_in_the_first_ones_place(
     assert trainer.reward_processing_classes == [None, None]
     assert trainer.reward_weights.tolist() == [1.0, 2.0]  # each column keeps its weight
     assert replaced == [
-        "nemo_gym_grpc.rewards.functions.reward_nemo_gym_verify",
+        "nemo_gym_grpc.rewards.trl.functions.reward_nemo_gym_verify",
         "axolotl.integrations.nemo_gym.rewards.axolotls_reward_env",
     ]
     (record,) = caplog.records  # said once

@@ -22,10 +22,10 @@ import pytest
 import requests
 from google.rpc import code_pb2
 
+from nemo_gym_grpc.bridge.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.config import BridgeConfig
-from nemo_gym_grpc.bridge.nemo_gym import completion_response
+from nemo_gym_grpc.bridge.nemo_gym.verify import completion_response
 from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.bridge.verifier import RetryPolicy
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port, start_bridge
 from tests.support.fault_proxy import Fault, FaultProxy
@@ -577,6 +577,7 @@ def _memory_mib(pid: int) -> dict[str, int]:
     return values
 
 
+@pytest.mark.nemo_gym  # starts a bridge process (tests.support.start_bridge) itself
 def test_10000_items_against_a_slow_upstream_keep_the_bridge_memory_bounded(scripted):
     """50 ms per /verify, 64 at a time: the client could send far faster than the upstream
     answers. The bridge holds at most --max-stream-items; the rest waits in the client

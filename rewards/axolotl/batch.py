@@ -3,7 +3,7 @@
 axolotl 0.21's `AsyncGRPOTrainer` (axolotl/core/trainers/grpo/async_trainer.py) scores a
 produced batch on its main thread (`_compute_deferred_scores`) from a dict of padded tensors
 plus `_deferred_*` entries; its own `NemoGymDataProducer` builds that dict from agent `/run`
-replies. `rollout_data` builds the same dict from `trl_rollouts.run_rows`'s output, with one
+replies. `rollout_data` builds the same dict from `trl.rollout_func.run_rows`'s output, with one
 change: a failed rollout (its `rollout_error` set; reward NaN, one masked EOS token, see
 `stitch.failed_sample`) has `completion_mask` 0 as well as `tool_mask` 0, so no token of it
 enters the loss, the token counts or the importance-sampling statistics.
@@ -39,7 +39,7 @@ def rollout_data(
     """The data-producer dict for one batch (what `RolloutDataset` wraps).
 
     Args:
-        output: `trl_rollouts.run_rows`'s dict: per sample `prompt_ids`, `completion_ids`,
+        output: `trl.rollout_func.run_rows`'s dict: per sample `prompt_ids`, `completion_ids`,
             `logprobs`, `env_mask`, `env_reward` (NaN for a failure), `num_turns`,
             `rollout_error` (None, or the failure's cause).
         inputs: the prompt dataloader's rows, one per sample; their copies in

@@ -30,10 +30,10 @@ from typing import Any
 from axolotl.core.trainers.grpo.async_trainer import AsyncDataProducer
 from axolotl.integrations.nemo_gym.plugin import NemoGymPlugin as AxolotlNemoGymPlugin
 
-from nemo_gym_grpc.rewards import embedded, settings
+from nemo_gym_grpc.rewards.client import embedded, settings
 from nemo_gym_grpc.rewards.axolotl.producer import NemoGymDataProducer, RolloutSettings
 from nemo_gym_grpc.rewards.axolotl.wiring import install_reward
-from nemo_gym_grpc.rewards.functions import create_nemo_gym_reward_fn, reward_env
+from nemo_gym_grpc.rewards.trl.functions import create_nemo_gym_reward_fn, reward_env
 
 log = logging.getLogger("nemo_gym_grpc.rewards.axolotl")
 

@@ -3,7 +3,7 @@
 axolotl's async GRPO trainer (`use_data_producer`, optionally `async_prefetch`) asks its data
 producer for each batch (`produce`). This one takes the next batch of dataset rows from the
 prompt dataloader axolotl built (`GRPODataProducer`: `num_generations` consecutive copies of
-each row, one rollout each), runs them as NeMo Gym rollouts with `trl_rollouts.run_rows` (the
+each row, one rollout each), runs them as NeMo Gym rollouts with `trl.rollout_func.run_rows` (the
 code `create_nemo_gym_rollout_func` runs: one `RunStream` for the batch, tokens stitched
 across turns, failed or masked rollouts NaN) and hands back the batch `batch.rollout_data`
 builds, which axolotl's trainer scores on its main thread. Each row is routed by its own
@@ -21,7 +21,8 @@ from typing import Any
 from axolotl.core.trainers.grpo.async_trainer import GRPODataProducer, RolloutDataset
 
 from nemo_gym_grpc.rewards.axolotl.batch import rollout_data
-from nemo_gym_grpc.rewards.trl_rollouts import nemo_gym_row, run_rows
+from nemo_gym_grpc.rewards.trl.rollout_func import run_rows
+from nemo_gym_grpc.rewards.trl.rows import nemo_gym_row
 
 # The dataset column of axolotl's NeMo Gym dataset loader that holds the whole NeMo Gym row.
 ROW_COLUMN = "verify_extra"
