@@ -25,7 +25,8 @@ from typing import Any
 from axolotl.integrations.nemo_gym import rewards as axolotl_rewards
 from axolotl.integrations.nemo_gym import server as axolotl_server
 
-from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn, embedded
+from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn
+from nemo_gym_grpc.rewards.client import embedded
 
 
 def batch_of(rows: list[dict[str, Any]], size: int) -> dict[str, Any]:

@@ -8,7 +8,12 @@ JSON lines to <output_dir>/observed.jsonl:
 - {"produced": [...]}: every batch the data producer hands the trainer: per sample the
   number of completion tokens, of tokens in `completion_mask` and in `tool_mask`, and the
   `env_reward`, `rollout_error` and agent of its row;
+- {"scored": {"rewards_per_func": [[...]], "advantages": [...]}}: every batch the trainer
+  scored: the reward matrix its advantages were computed from (completions x reward
+  functions, after every plugin's wrapping) and the advantages it trains with;
 - {"log": {...}}: every metrics dict the trainer logs (`on_log`).
+It also defines `alternating_reward`, a user's own reward function the tests list next to
+NeMo Gym's.
 Runs in the axolotl venv (tests/support/axolotl_venv.py), imported as `tests.axolotl_observer`.
 """
 
@@ -101,6 +106,43 @@ def _recording_produce(produce: Any, writer: _Writer) -> Any:
     return recorded
 
 
+def alternating_reward(completions: Any, prompts: Any = None, **kwargs: Any) -> list[float]:
+    """A user's own reward function: 0.0 and 0.25 in turn, so the two completions of every
+    group (consecutive, num_generations 2) differ by it."""
+    return [0.25 * (index % 2) for index in range(len(completions))]
+
+
+def _record_scoring(trainer: Any, writer: _Writer) -> None:
+    """Wrap the trainer's reward matrix (`_collect_reward_workers` of axolotl's async trainer,
+    else TRL's `_calculate_rewards`) and its scoring (`_compute_deferred_scores`, else
+    `_generate_and_score_completions`), outermost, to write one "scored" record per batch."""
+    rewards_name = next(
+        name for name in ("_collect_reward_workers", "_calculate_rewards") if hasattr(trainer, name)
+    )
+    scoring_name = next(
+        name
+        for name in ("_compute_deferred_scores", "_generate_and_score_completions")
+        if hasattr(trainer, name)
+    )
+    matrices: list[Any] = []
+    rewards, scoring = getattr(trainer, rewards_name), getattr(trainer, scoring_name)
+
+    def recorded_rewards(*args: Any, **kwargs: Any) -> Any:
+        matrix = rewards(*args, **kwargs)
+        matrices.append(matrix.detach().cpu().clone())
+        return matrix
+
+    def recorded_scoring(*args: Any, **kwargs: Any) -> Any:
+        matrices.clear()
+        scored = scoring(*args, **kwargs)
+        (matrix,) = matrices
+        writer.write({"scored": {"rewards_per_func": matrix, "advantages": scored["advantages"]}})
+        return scored
+
+    setattr(trainer, rewards_name, recorded_rewards)
+    setattr(trainer, scoring_name, recorded_scoring)
+
+
 class _LogCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(self, writer: _Writer) -> None:
         self.writer = writer
@@ -125,6 +167,7 @@ class ObserverPlugin(BasePlugin):  # type: ignore[misc]
             _recording_reward(func, name, writer)
             for func, name in zip(trainer.reward_funcs, names, strict=True)
         ]
+        _record_scoring(trainer, writer)
         producer = getattr(trainer, "data_producer", None)
         inner = getattr(producer, "_inner", producer)
         if inner is not None:

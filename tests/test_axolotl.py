@@ -8,7 +8,12 @@ real NeMo Gym 0.7.0:
   `/verify` of the same completion;
 - multi-turn: 2 steps through axolotl's data producer (with and without `async_prefetch`) on
   the project's agent stack: the weather agent's rollouts with the agent's own rewards, a
-  masked rollout and one for an unknown agent NaN with no token in `completion_mask`.
+  masked rollout, one for an unknown agent and one whose policy call failed NaN with no token
+  in `completion_mask`.
+In both, a user's reward function is listed next to NeMo Gym's, and what trains is checked:
+a completion without a NeMo Gym reward is NaN in every reward column and has advantage 0, and
+every other advantage is the one computed over its group's scored completions only (not with
+the failure counted as 0.0), and so is the logged `reward`.
 
 The policy is a tiny Llama built here (tests/support/tiny_trl.py), so nothing is downloaded.
 What the trainer got is recorded inside axolotl by tests/axolotl_observer.py.
@@ -27,15 +32,17 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from tests.support import NoSuitablePython, example_rows, toy_chat
+from tests.support import NoSuitablePython, example_rows, grpo, toy_chat
 from tests.support.axolotl_venv import ensure_axolotl
 from tests.support.errors import NemoGymError
+from tests.support.policy_model import Knobs
 from tests.test_rollouts_client import masked_row, run_over_http, weather_rows
 from tests.test_trl import verify_over_http
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "axolotl.md"
 OBSERVER = "tests.axolotl_observer.ObserverPlugin"
+USER_REWARD = "tests.axolotl_observer.alternating_reward"
 REPLACED_LINE = "takes the place of the first"
 MCQA_VOCAB = ["<pad>", "<unk>", "<s>", "</s>", "user:", "assistant:"] + [
     f"\\boxed{{{letter}}}" for letter in "ABCDEI"
@@ -77,9 +84,11 @@ def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def train(python: Path, workdir: Path, config: dict[str, Any], head_url: str) -> list[dict]:
     """`python -m axolotl.cli.train config.yaml` in `workdir` with the doc's `config`, the
-    head port of `head_url` and the observer plugin; the observer's records."""
+    head port of `head_url`, the observer plugin and the user's reward function; the
+    observer's records."""
     config = dict(config, nemo_gym_head_port=urlsplit(head_url).port)
     config["plugins"] = [*config["plugins"], OBSERVER]
+    config["trl"] = dict(config["trl"], reward_funcs=[*config["trl"]["reward_funcs"], USER_REWARD])
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEMO_GYM_GRPC_")}
     env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="", WANDB_MODE="disabled")
@@ -110,6 +119,36 @@ def nanmean(values: list[float | None]) -> float:
     return sum(kept) / len(kept) if kept else math.nan
 
 
+def check_what_trains(records: list[dict], group: int = 2) -> tuple[int, int]:
+    """Per scored batch: a completion without a NeMo Gym reward (column 0) is None in every
+    column, the advantages are those over the scored completions only, and the logged
+    `reward` is their mean.
+
+    Returns:
+        How many advantages differ from those with the failure counted as 0.0 and the user's
+        reward kept (what TRL or axolotl alone trains with), and how many groups mix a failed
+        completion with a scored one.
+    """
+    scored = [r["scored"] for r in records if "scored" in r]
+    rewards_logged = [r["log"]["reward"] for r in records if "reward" in r.get("log", {})]
+    users = [r["rewards"] for r in records if r.get("call") == "alternating_reward"]
+    assert len(scored) == len(rewards_logged) == len(users) == 2
+    differ = mixed = 0
+    for batch, logged, user in zip(scored, rewards_logged, users, strict=True):
+        matrix = batch["rewards_per_func"]
+        for row in matrix:
+            assert row[0] is not None or row == [None, None]
+        expected = grpo.advantages(matrix, [1.0, 1.0], group)
+        assert batch["advantages"] == pytest.approx(expected, abs=1e-5)
+        assert logged == pytest.approx(nanmean(grpo.summed(matrix, [1.0, 1.0])))
+        as_zero = [[row[0] or 0.0, u] for row, u in zip(matrix, user, strict=True)]
+        alone = grpo.advantages(as_zero, [1.0, 1.0], group)
+        differ += sum(abs(a - b) > 1e-3 for a, b in zip(expected, alone, strict=True))
+        firsts = [row[0] is None for row in matrix]
+        mixed += sum(len(set(firsts[i : i + group])) == 2 for i in range(0, len(matrix), group))
+    return differ, mixed
+
+
 def test_single_turn_grpo_scores_through_the_bridge_once_and_a_failed_row_is_nan(
     axolotl_python, nemo_gym, tmp_path
 ):
@@ -124,9 +163,10 @@ def test_single_turn_grpo_scores_through_the_bridge_once_and_a_failed_row_is_nan
     log_text = (tmp_path / "train.log").read_text()
     assert log_text.count(REPLACED_LINE) == 1  # trl.reward_funcs listed ours: said once
 
-    assert [r["reward_funcs"] for r in records if "reward_funcs" in r] == [["nemo_gym"]]
-    calls = [r for r in records if "call" in r]
-    assert len(calls) == 2 and {c["call"] for c in calls} == {"nemo_gym"}
+    names = [r["reward_funcs"] for r in records if "reward_funcs" in r]
+    assert names == [["nemo_gym", "alternating_reward"]]
+    calls = [r for r in records if r.get("call") == "nemo_gym"]
+    assert len(calls) == 2
     mcqa_url = nemo_gym.server_urls["mcqa"]
     failed = scored = 0
     for call in calls:
@@ -146,6 +186,9 @@ def test_single_turn_grpo_scores_through_the_bridge_once_and_a_failed_row_is_nan
                 scored += 1
     assert (failed, scored) == (2, 10)  # each of the 6 rows once, 2 generations each
     assert logged_means(records) == pytest.approx([nanmean(c["rewards"]) for c in calls])
+    # the failed row's group: the user's reward differs, NeMo Gym's is missing: it must not train
+    differ, _ = check_what_trains(records)
+    assert differ == 2
 
 
 def multi_turn_rows(venv: Path) -> list[dict[str, Any]]:
@@ -153,6 +196,11 @@ def multi_turn_rows(venv: Path) -> list[dict[str, Any]]:
     weather = weather_rows(venv)[:4]
     unknown = dict(weather[0], agent_ref={"type": "responses_api_agents", "name": "no_agent"})
     return [*weather, masked_row(venv), unknown]
+
+
+def user_message(row: dict[str, Any]) -> str:
+    messages = row["responses_create_params"]["input"]
+    return next(m["content"] for m in messages if m["role"] == "user")
 
 
 @pytest.mark.nemo_gym_07  # the masked agent needs 0.7's judge_failsafe
@@ -173,28 +221,44 @@ def test_multi_turn_rollouts_feed_axolotls_data_producer_and_failures_are_nan_an
         params = {**row["responses_create_params"], **sampling}
         reply = run_over_http(agent_stack, dict(row, responses_create_params=params))
         truths[json.dumps(row["responses_create_params"], sort_keys=True)] = reply["reward"]
-    records = train(axolotl_python, tmp_path, config, agent_stack.head_url)
+    # The first policy call of one weather row's rollouts answers 400: one rollout of that
+    # group fails (the agent's /run fails), its group-mate does not.
+    agent_stack.policy.knobs = Knobs(status=400, status_times=1, match=user_message(rows[1]))
+    try:
+        records = train(axolotl_python, tmp_path, config, agent_stack.head_url)
+    finally:
+        agent_stack.policy.reset()
 
-    assert [r["reward_funcs"] for r in records if "reward_funcs" in r] == [["nemo_gym"]]
+    names = [r["reward_funcs"] for r in records if "reward_funcs" in r]
+    assert names == [["nemo_gym", "alternating_reward"]]
     produced = [r["produced"] for r in records if "produced" in r]
     assert len(produced) >= 2  # with async_prefetch, the next batch may have been produced too
-    for batch in produced[:2]:
+    faulted = 0
+    for batch in produced:
         assert len(batch) == 12 and sorted(s["agent"] for s in batch).count("no_agent") == 2
         for sample in batch:
-            if sample["agent"] in ("math_agent", "no_agent"):
-                assert sample["env_reward"] is None and sample["rollout_error"]
+            if sample["rollout_error"] is not None:
+                assert sample["env_reward"] is None
                 assert sample["completion_mask"] == sample["tool_mask"] == 0
+                faulted += sample["agent"] not in ("math_agent", "no_agent")
             else:
-                assert sample["rollout_error"] is None and sample["env_reward"] == 1.0
+                assert sample["agent"] not in ("math_agent", "no_agent")
+                assert sample["env_reward"] == 1.0
                 assert sample["completion_mask"] == sample["tokens"] > sample["tool_mask"] > 0
         unknown = [s["rollout_error"] for s in batch if s["agent"] == "no_agent"]
         assert all(error.startswith("NOT_FOUND") for error in unknown)
-    calls = [r for r in records if "call" in r]
+    assert faulted == 1
+    calls = [r for r in records if r.get("call") == "nemo_gym"]
     assert len(calls) == 2
     for call in calls:
         assert call["rewards"] == call["env_reward"]
-        for row, reward in zip(call["verify_extra"], call["rewards"], strict=True):
-            agent = row["agent_ref"]["name"]
+        for row, reward, error in zip(
+            call["verify_extra"], call["rewards"], call["rollout_error"], strict=True
+        ):
             key = json.dumps(row["responses_create_params"], sort_keys=True)
-            assert reward == (None if agent in ("math_agent", "no_agent") else truths[key])
+            assert reward == (None if error else truths[key])
     assert logged_means(records) == pytest.approx([nanmean(c["rewards"]) for c in calls])
+    # the faulted rollout's group-mate is compared with nothing (advantage 0), not with a 0.0;
+    # the masked and unknown-agent groups get none although the user's function scored them
+    differ, mixed = check_what_trains(records)
+    assert (differ, mixed) == (2 * 4 + 2, 1)  # per batch 2 groups of 2, and the mixed one

@@ -73,11 +73,6 @@ def rollout_data(
         device,
     )
     padded_completions = _padded(completion_ids, pad_token_id, "right", torch.long, device)
-    columns = ("env_reward", "num_turns", "rollout_error")
-    deferred = [
-        dict(row, **{key: output[key][index] for key in columns})
-        for index, row in enumerate(inputs)
-    ]
     return {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
@@ -88,9 +83,24 @@ def rollout_data(
         "sampling_per_token_logps": _padded(output["logprobs"], 0, "right", torch.float32, device),
         "tool_mask": _padded(output["env_mask"], 1, "right", torch.long, device),
         "_pending_policy_logps": True,
-        "_deferred_inputs": deferred,
-        "_deferred_prompts": [row.get("prompt", "") for row in deferred],
-        "_deferred_completions": list(decode(padded_completions)),
-        "_deferred_completion_ids_list": [list(ids) for ids in completion_ids],
+        **_deferred(output, inputs, list(decode(padded_completions))),
         "_rank0_only": rank0_only,
+    }
+
+
+def _deferred(
+    output: Mapping[str, Sequence[Any]], inputs: Sequence[dict[str, Any]], texts: list[str]
+) -> dict[str, Any]:
+    """The `_deferred_*` entries axolotl's trainer scores from: the input rows with the
+    rollouts' reward-function columns, their prompts, the completions' `texts` and ids."""
+    columns = ("env_reward", "num_turns", "rollout_error")
+    rows = [
+        dict(row, **{key: output[key][index] for key in columns})
+        for index, row in enumerate(inputs)
+    ]
+    return {
+        "_deferred_inputs": rows,
+        "_deferred_prompts": [row.get("prompt", "") for row in rows],
+        "_deferred_completions": texts,
+        "_deferred_completion_ids_list": [list(ids) for ids in output["completion_ids"]],
     }

@@ -14,7 +14,9 @@ two methods that wire NeMo Gym into the trainer:
   (`producer.py`; wrapped in axolotl's `AsyncDataProducer` with `trl.async_prefetch`), whose
   rollouts run over `RunStream` with `nemo_gym_run_timeout` per rollout, and the reward
   function is `reward_env` (the rollouts' rewards, NaN for a failed one).
-In both, that function is the trainer's only NeMo Gym reward function (`wiring.py`).
+In both, that function is the trainer's only NeMo Gym reward function (`wiring.py`), and a
+completion it gives no reward (NaN) is left out of its group's baseline with advantage 0
+(`advantages.py`; a trainer where that cannot be done is refused).
 
 The bridge: `NEMO_GYM_GRPC_TARGET` when set, else an embedded one discovering the head
 server at 127.0.0.1:`nemo_gym_head_port` (where axolotl's plugin finds it too). Multi-turn
@@ -30,9 +32,10 @@ from typing import Any
 from axolotl.core.trainers.grpo.async_trainer import AsyncDataProducer
 from axolotl.integrations.nemo_gym.plugin import NemoGymPlugin as AxolotlNemoGymPlugin
 
-from nemo_gym_grpc.rewards.client import embedded, settings
+from nemo_gym_grpc.rewards.axolotl import advantages
 from nemo_gym_grpc.rewards.axolotl.producer import NemoGymDataProducer, RolloutSettings
 from nemo_gym_grpc.rewards.axolotl.wiring import install_reward
+from nemo_gym_grpc.rewards.client import embedded, settings
 from nemo_gym_grpc.rewards.trl.functions import create_nemo_gym_reward_fn, reward_env
 
 log = logging.getLogger("nemo_gym_grpc.rewards.axolotl")
@@ -89,6 +92,7 @@ class NemoGymPlugin(AxolotlNemoGymPlugin):
             target=self.bridge_target(verify_timeout),
         )
         install_reward(trainer, reward)
+        advantages.install(trainer)
 
     def _wire_multi_turn(
         self, cfg: Any, trainer: Any, model_name: str, verify_timeout: float
@@ -129,6 +133,7 @@ class NemoGymPlugin(AxolotlNemoGymPlugin):
         else:
             trainer.data_producer = producer
         install_reward(trainer, reward_env)
+        advantages.install(trainer)
         log.info(
             "NeMo Gym multi-turn: rollouts over RunStream (async_prefetch=%s)",
             bool(getattr(trainer.args, "async_prefetch", False)),

@@ -21,9 +21,9 @@ its `agent_ref.name`, else `agent`.
 
 A failed rollout (any `Failure`, a masked sample, tokens that cannot be stitched) becomes
 `stitch.failed_sample`: a one-token EOS completion with `env_mask` 0 and reward NaN. It never
-trains, and TRL leaves it out of the group baseline (its advantage is 0). When more than
-`max_failure_fraction` of one call's rollouts failed, the call raises `ScoringError` instead:
-that is an outage, not a training signal.
+trains, and TRL leaves it out of the group baseline (docs/rewards.md, "What TRL does with
+None"). When more than `max_failure_fraction` of one call's rollouts failed, the call raises
+`ScoringError` instead: that is an outage, not a training signal.
 """
 
 from __future__ import annotations
