@@ -7,7 +7,8 @@ CPU, and a cancelled request is closed at once, which NeMo Gym 0.7 turns into a 
 handler upstream. What it does, and nothing more: `POST` of a body of bytes with a fixed
 header set, one request at a time per connection (no pipelining), a keep-alive pool per
 host:port with no size limit (the bridge's slots bound the calls), Content-Length, chunked and
-close-delimited replies, gzip / deflate reply bodies, 1xx replies skipped. No redirects, no
+close-delimited replies, gzip / deflate reply bodies (decoded as aiohttp does), 1xx replies
+skipped. No redirects, no
 cookie jar, no proxies, no TLS.
 
 Errors say what reached the upstream: `ConnectFailed` (nothing was sent: refused or
@@ -164,7 +165,7 @@ class _Connection(asyncio.Protocol):
         ):
             self._framed = True
         elif lowered == b"content-encoding":
-            self._encoding = value.strip().lower()
+            self._encoding = value.lower()
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -188,15 +189,12 @@ class _Connection(asyncio.Protocol):
         if waiter is None or waiter.done():
             return
         body = b"".join(self._body)
-        if self._encoding in (b"gzip", b"deflate", b"x-gzip"):
+        if self._encoding:
             try:
-                body = _decompress(body)
-            except zlib.error as exc:
+                body = _decoded(body, self._encoding)
+            except (zlib.error, BadReply) as exc:
                 self._fail(BadReply(f"reply body does not decode as {self._encoding!r}: {exc}"))
                 return
-        elif self._encoding not in (b"", b"identity"):
-            self._fail(BadReply(f"reply body has unsupported encoding {self._encoding!r}"))
-            return
         self.reusable = keep_alive
         waiter.set_result(Response(self._status, body, self._cookies))
 
@@ -224,12 +222,30 @@ class _Connection(asyncio.Protocol):
         self._fail(TimeoutError())
 
 
-def _decompress(body: bytes) -> bytes:
-    """A gzip or zlib (deflate) body decoded; a raw deflate stream too (as aiohttp reads it)."""
-    try:
-        return zlib.decompress(body, 47)  # gzip or zlib header, detected
-    except zlib.error:
-        return zlib.decompress(body, -15)
+def _decoded(body: bytes, encoding: bytes) -> bytes:
+    """A reply body decoded as aiohttp decodes it: gzip, deflate (zlib-wrapped, or raw when its
+    first byte is no zlib header); an empty body or another encoding as it came, except the
+    two aiohttp refuses without extra packages (br, zstd). A cut gzip body gives what it
+    holds; a cut deflate body is refused.
+
+    Raises:
+        zlib.error: the body does not decode; BadReply: br or zstd.
+    """
+    if not body:
+        return body
+    if encoding in (b"br", b"zstd"):
+        raise BadReply("br and zstd bodies are not decoded")
+    if encoding == b"gzip":
+        wbits = 16 + zlib.MAX_WBITS
+    elif encoding == b"deflate":
+        wbits = zlib.MAX_WBITS if body[0] & 0xF == 8 else -zlib.MAX_WBITS
+    else:
+        return body
+    decoder = zlib.decompressobj(wbits)
+    out = decoder.decompress(body) + decoder.flush()
+    if encoding == b"deflate" and not decoder.eof:
+        raise zlib.error("the deflate stream is cut short")
+    return out
 
 
 class Client:
