@@ -129,15 +129,15 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if not self._headers_done:
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES:
-                self._fail(BadReply(f"reply head over {MAX_HEAD_BYTES} bytes"))
-                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(BadReply(f"bad HTTP reply: {exc}"))
+            return
+        if not self._headers_done:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(BadReply(f"reply head over {MAX_HEAD_BYTES} bytes"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

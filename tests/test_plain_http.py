@@ -12,6 +12,7 @@ behind a second FaultProxy that injects the fault.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -210,3 +211,30 @@ def test_header_injection_is_refused() -> None:
         plain_http.request_head(b"/verify", b"h", [("Cookie", "a=b\r\nX-Evil: 1")], 2)
     with pytest.raises(ValueError, match="plain-HTTP"):
         plain_http.split_url("https://example.invalid/verify")
+
+
+async def test_a_large_body_is_read_whole_and_an_endless_head_is_refused() -> None:
+    big = b"x" * 3_000_000
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while head := await reader.readuntil(b"\r\n\r\n"):  # one connection, reused
+                await reader.readexactly(2)
+                if b"/big" in head:
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big) + big)
+                else:
+                    writer.write(b"HTTP/1.1 200 OK\r\nX-Filler: " + b"y" * 100_000 + b"\r\n")
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    client = plain_http.Client()
+    try:
+        reply = await client.post(base + "/big", b"{}", HEADERS, 10.0)
+        assert (reply.status, len(reply.body)) == (200, len(big))
+        with pytest.raises(plain_http.BadReply, match="head over"):
+            await client.post(base + "/endless", b"{}", HEADERS, 10.0)
+    finally:
+        await client.close()
+        server.close()
