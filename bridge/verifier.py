@@ -24,7 +24,6 @@ from nemo_gym_grpc.bridge.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.balancer import Balancer, Replica, SlotTimeout
 from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
 from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation, http, sessions
-from nemo_gym_grpc.bridge.nemo_gym.capabilities import Capabilities, Catalog
 from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply, post
 from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, SEED_PATH
 from nemo_gym_grpc.bridge.nemo_gym.verify import VERIFY_PATH, Scored, read_verify_reply
@@ -80,7 +79,7 @@ class Verifier:
         self._session_servers = frozenset(session_servers)
         self.metrics = metrics
         self.balancer = Balancer(max_in_flight)
-        self.capabilities = Catalog(client.session)
+        self.capabilities = capabilities.Catalog(client.session)
         self._correlate = rollout_correlation
         self._closer = sessions.Closer(client, self._closed)
         self._unseeded_warned: set[str] = set()
@@ -213,7 +212,7 @@ class Verifier:
         replica: Replica,
         base: str,
         call: _Call,
-        caps: Capabilities,
+        caps: capabilities.Capabilities,
         opened: sessions.Opened,
         deadline: float | None,
         queued: float,
@@ -319,7 +318,7 @@ def _slot_timeout(url: str, queued: float) -> attempts.NotSent:
     )
 
 
-def _no_reverify(exc: errors.ItemError, caps: Capabilities, sent: bool) -> None:
+def _no_reverify(exc: errors.ItemError, caps: capabilities.Capabilities, sent: bool) -> None:
     """Make a `/verify` failure final when the replica says re-running its `/verify` is not
     safe (`/reverify_mode` "unsupported") and the request may have reached it (`sent`)."""
     if sent and exc.retryable and caps.reverify_mode == "unsupported":

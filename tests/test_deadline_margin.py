@@ -1,4 +1,4 @@
-"""`verifier.time_left`: what an upstream call may take before the RPC deadline (the margin
+"""`attempts.time_left`: what an upstream call may take before the RPC deadline (the margin
 kept back is 50 ms, or 2% of the time left when that is more)."""
 
 from __future__ import annotations
