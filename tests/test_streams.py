@@ -7,12 +7,13 @@ and NeMo Gym: test_bridge.py, test_faults.py, test_run_service.py."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 from nemo_gym_grpc.bridge import errors, streams
+from nemo_gym_grpc.bridge.service import VerifyService
 from nemo_gym_grpc.v1 import verify_pb2
 
 
@@ -35,20 +36,20 @@ class Scripted:
 
 
 def kind(scripted: Scripted, max_stream_items: int = 4096) -> streams.Kind:
-    return streams.Kind(
-        answer=scripted.answer,
-        refused=lambda request, error: verify_pb2.VerifyResponse(
+    """VerifyStream's kind (`VerifyService`), with the scripted answers in place of a
+    Verifier's."""
+    verifier = SimpleNamespace(
+        verify=scripted.answer,
+        failed=lambda request, error: verify_pb2.VerifyResponse(
             request_id=request.request_id, error=error.to_status()
         ),
-        response=verify_pb2.VerifyStreamResponse,
-        request_name="VerifyStreamRequest",
-        rpc="VerifyStream",
-        event="verify_stream_end",
-        answered="scored",
+    )
+    service = VerifyService(
+        verifier,  # type: ignore[arg-type]
         max_stream_items=max_stream_items,
         max_batch_items=max_stream_items,
-        log=logging.getLogger(__name__),
     )
+    return service._kind
 
 
 async def messages(
