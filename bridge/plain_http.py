@@ -22,6 +22,7 @@ reply was read whole and that both sides keep alive goes back to the pool.
 from __future__ import annotations
 
 import asyncio
+import sys
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -335,8 +336,11 @@ class Client:
         connection = _Connection(loop)
         connecting = loop.create_connection(lambda: connection, host, port)
         try:
-            # (wait_for: asyncio.timeout is Python >= 3.11; this runs once per new connection)
-            await asyncio.wait_for(connecting, max(deadline - loop.time(), 0.0))
+            if sys.version_info >= (3, 11):  # a timer, not wait_for's task per connection
+                async with asyncio.timeout_at(deadline):
+                    await connecting
+            else:
+                await asyncio.wait_for(connecting, max(deadline - loop.time(), 0.0))
         except (asyncio.TimeoutError, TimeoutError):
             raise TimeoutError(f"connect to {host}:{port} timed out") from None
         except OSError as exc:
