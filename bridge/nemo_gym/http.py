@@ -80,16 +80,17 @@ class Client:
 
     Attributes:
         session: that session.
+        plain: the `plain_http` client, None when not `builtin`.
     """
 
     def __init__(self, session: aiohttp.ClientSession, *, builtin: bool = True) -> None:
         self.session = session
-        self._plain = plain_http.Client() if builtin else None
+        self.plain = plain_http.Client() if builtin else None
 
     async def aclose(self) -> None:
         """Close the `plain_http` connections (the session is its owner's to close)."""
-        if self._plain is not None:
-            await self._plain.close()
+        if self.plain is not None:
+            await self.plain.close()
 
 
 class Refused(errors.ItemError):
@@ -130,18 +131,22 @@ async def post(
     if cookie:
         headers["Cookie"] = cookie
     started = time.monotonic()
-    plain = client._plain
+    plain = client.plain
     try:
         if plain is not None and url.startswith("http://"):
-            reply = await plain.post(url, body, headers.items(), timeout)
-            return Reply(reply.status, reply.body, reply.set_cookies, time.monotonic() - started)
-        return await _aiohttp_post(client.session, url, body, headers, timeout, started)
+            got = await plain.post(url, body, headers.items(), timeout)
+            reply = Reply(got.status, got.body, got.set_cookies, time.monotonic() - started)
+        else:
+            reply = await _aiohttp_post(client.session, url, body, headers, timeout, started)
     except (asyncio.TimeoutError, TimeoutError):
         error = _timed_out(url, timeout, queued)
     except (aiohttp.ClientError, plain_http.ConnectFailed, plain_http.Dropped) as exc:
         error = _unreachable(url, exc)
-    except plain_http.BadReply as exc:  # as aiohttp's ClientResponseError, a ClientError
+    except plain_http.BadReply as exc:  # (aiohttp's own: a ClientResponseError, above)
         error = _unreachable(url, exc)
+    else:
+        log.debug("%s: HTTP %d, %.3f s, request_id=%s", url, reply.status, reply.seconds, header)
+        return reply
     error.latency_seconds = time.monotonic() - started
     raise error
 
@@ -159,7 +164,6 @@ async def _aiohttp_post(
     ) as reply:
         raw = await reply.read()
         seconds = time.monotonic() - started
-        log.debug("%s: HTTP %d, %.3f s", url, reply.status, seconds)
         return Reply(reply.status, raw, reply.headers.getall("Set-Cookie", []), seconds)
 
 
