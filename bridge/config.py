@@ -149,6 +149,14 @@ class BridgeConfig:
         kind="switch",
         convert=lambda off: not off,
     )
+    upstream_client: str = option(
+        "--upstream-client",
+        "what carries the POSTs to http:// upstreams: builtin (the bridge's own HTTP/1.1 "
+        "client, a fifth of aiohttp's CPU per call) or aiohttp (https:// upstreams always "
+        "use aiohttp)",
+        default="builtin",
+        choices=("builtin", "aiohttp"),
+    )
     verify_timeout: float = option(
         "--verify-timeout",
         "default seconds per upstream /verify call",
