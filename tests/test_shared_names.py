@@ -20,7 +20,7 @@ from nemo_gym_grpc.rewards.client import channels, outcomes, settings
 # The bridge modules the trainer side may load: the package and its light modules.
 LIGHT = [
     "nemo_gym_grpc.bridge",
-    *(f"nemo_gym_grpc.bridge.{m}" for m in ("contract", "errors", "flags")),
+    *(f"nemo_gym_grpc.bridge.{m}" for m in ("contract", "errors", "flags", "lazy")),
 ]
 
 
