@@ -34,8 +34,9 @@ gRPC's fork support when the client loads (`client/per_process.py`).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nemo_gym_grpc.bridge.lazy import exports
 
 if TYPE_CHECKING:  # the same names, for type checkers (the `as` marks a re-export)
     from nemo_gym_grpc.rewards.client.policy import ScoringError as ScoringError
@@ -68,17 +69,4 @@ _HOMES = {
 }
 
 __all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (PEP 562)."""
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = exports(__name__, _HOMES)

@@ -26,9 +26,11 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import grpc
 from google.rpc import status_pb2
 
+from nemo_gym_grpc.bridge.contract import MAX_MESSAGE_BYTES, MiB
+from nemo_gym_grpc.bridge.errors import ITEM_TOO_LARGE
 from nemo_gym_grpc.rewards.client import channels, embedded, settings
-from nemo_gym_grpc.rewards.client.channels import MAX_MESSAGE_BYTES, MiB, Security
-from nemo_gym_grpc.rewards.client.outcomes import ITEM_TOO_LARGE, Failure, ProtocolError
+from nemo_gym_grpc.rewards.client.channels import Security
+from nemo_gym_grpc.rewards.client.outcomes import Failure, ProtocolError
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc, verify_pb2, verify_pb2_grpc
 
 # Room for a stream message's own framing around its items.

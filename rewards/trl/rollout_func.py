@@ -178,7 +178,7 @@ def create_nemo_gym_rollout_func(
     """A TRL `rollout_func` that runs each prompt as one NeMo Gym rollout (see the module
     docstring for what TRL passes, the row lookup and the failure rules).
 
-    Keyword settings left None take their environment variable (`settings.py`) at each call.
+    Keyword settings left None take their environment variable (`client/settings.py`) at each call.
 
     Args:
         agent: the agent (or environment server) for rows without `agent_ref.name`.
