@@ -13,6 +13,9 @@ Drop-in for axolotl's `axolotl.integrations.nemo_gym.rewards` (same names and ca
 - `create_nemo_gym_rollout_func(agent, ...)`: a TRL `rollout_func` running each prompt as a
   NeMo Gym rollout (agent `/run`) over one gRPC `RunStream` per call, tokens stitched across
   turns, failed rollouts masked with reward NaN (`trl_rollouts`).
+- `create_nemo_gym_rollout_worker(rows, args, agent, ...)`: a `rollout_worker` for TRL 1.16's
+  `AsyncGRPOTrainer`: rollouts kept in flight on one long-lived `RunStream`, trained on as
+  their groups finish (`trl_async`).
 - `run_rollouts(rows, agent=..., target=...)` / `arun_rollouts`: NeMo Gym dataset rows ->
   rollouts, one outcome per row (`rollouts`).
 - `ScoringError`: raised when a call fails under its failure policy.
@@ -22,7 +25,9 @@ Load by dotted path, e.g. in an axolotl config
 Configuration is by environment variable: the list is in `settings.py`.
 Modules: `functions` (the reward functions), `convert` (arguments -> VerifyRequests),
 `rollouts` (rows -> RunRequests, the rollout calls), `stitch` (per-turn tokens -> one sample),
-`trl_rollouts` (the TRL rollout_func), `outcomes` (`Failure`, `Outcome`, `RunOutcome`),
+`trl_rollouts` (the TRL rollout_func), `trl_async`, `rollout_engine`, `rollout_groups` and
+`live_stream` (the AsyncGRPOTrainer rollout worker, its engine, its groups and its
+long-lived RunStream), `outcomes` (`Failure`, `Outcome`, `RunOutcome`),
 `client` (the VerifyStream and RunStream calls), `channels` (gRPC channels), `policy` (what
 failed items give), `trl_logging` (TRL's `log_metric` / `log_extra`), `embedded` (the
 zero-config bridge subprocess), `score` and `scorefile` (the `nemo-gym-grpc score` command).
@@ -46,12 +51,14 @@ from nemo_gym_grpc.rewards.functions import (  # noqa: E402 (after the gRPC sett
 )
 from nemo_gym_grpc.rewards.policy import ScoringError  # noqa: E402
 from nemo_gym_grpc.rewards.rollouts import arun_rollouts, run_rollouts  # noqa: E402
+from nemo_gym_grpc.rewards.trl_async import create_nemo_gym_rollout_worker  # noqa: E402
 from nemo_gym_grpc.rewards.trl_rollouts import create_nemo_gym_rollout_func  # noqa: E402
 
 __all__ = [
     "ScoringError",
     "arun_rollouts",
     "create_nemo_gym_rollout_func",
+    "create_nemo_gym_rollout_worker",
     "create_nemo_gym_reward_fn",
     "reward_env",
     "reward_nemo_gym_verify",
