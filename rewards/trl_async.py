@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import threading
 import time
@@ -170,12 +171,14 @@ def create_nemo_gym_rollout_worker(
         TypeError: `rows` is a one-shot iterator.
         ImportError: TRL has no `trl.experimental.async_grpo` (TRL < 1.16).
     """
-    try:
-        from trl.experimental.async_grpo.async_rollout_worker import RolloutSample  # noqa: F401
-    except ImportError as exc:
+    try:  # found, not imported: importing it loads TRL's trainer (torch), seconds
+        found = importlib.util.find_spec("trl.experimental.async_grpo") is not None
+    except ImportError:
+        found = False
+    if not found:
         raise ImportError(
             "create_nemo_gym_rollout_worker needs TRL >= 1.16 (trl.experimental.async_grpo)"
-        ) from exc
+        )
     if iter(rows) is rows:
         raise TypeError("rows must be re-iterable (a Dataset or a list), not an iterator")
     staleness = args.max_staleness if max_staleness is None else max_staleness
