@@ -2,7 +2,7 @@
 synchronous `rollout_func` against the AsyncGRPOTrainer rollout worker, on the same rows in the
 same run, with one slow agent.
 
-    .venv/bin/python -m benchmarks.async_rollouts [--rounds 3] [--delay 1.0] [--calls 3]
+    .venv/bin/python -m benchmarks.async_rollouts [--rounds 3] [--delay 1.0] [--calls 6]
 
 (from the repository root). It starts the real agent stack (tests/support/agents.py: NeMo
 Gym's simple_agent + vllm_model over the scripted policy, NeMo Gym 0.7.0 unless
@@ -25,6 +25,7 @@ markdown is printed. Every server is stopped by its recorded PID.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import time
@@ -124,9 +125,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--delay", type=float, default=1.0, help="s per model call, slow row")
-    parser.add_argument("--calls", type=int, default=3, help="synchronous rollout_func calls")
+    parser.add_argument("--calls", type=int, default=6, help="synchronous rollout_func calls")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     options = parser.parse_args()
+    # What a trainer process has loaded before the worker starts (AsyncGRPOTrainer imports it):
+    # the worker's first sample would otherwise pay this import (seconds) in round 1.
+    importlib.import_module("trl.experimental.async_grpo.async_rollout_worker")
     rounds: list[dict[str, Any]] = []
     with AgentStack() as stack, start_bridge("--head-url", stack.head_url) as bridge:
         rows = dataset_rows()

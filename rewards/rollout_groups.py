@@ -21,7 +21,8 @@ A sample (`RolloutSample`, TRL's record) has `input_ids` = the stitched prompt +
 policy, 0 = tool / observation tokens), `old_log_probs` = 0.0 over the prompt then the policy's
 logprobs, as numpy arrays (int64, int64, float32, as TRL makes them); `model_version` = the
 version the rollout started under; `metrics` = `reward`, `reward_std` (of the group's scored
-rollouts) and `reward_components/<name>` per NeMo Gym reward component.
+rollouts) and `reward_components/<name>` per NeMo Gym reward component. TRL's record is imported
+at the first sample (a trainer process has it loaded already: AsyncGRPOTrainer imports it).
 """
 
 from __future__ import annotations
