@@ -149,6 +149,7 @@ def main() -> int:
             rounds.append({"order": order, **measured})
             print(f"round {number + 1}: {json.dumps(measured)}", flush=True)
         stack.policy.reset()
+    per_call = len(rows) * GENERATIONS
     median = {
         side: {
             key: statistics.median(r[side][key] for r in rounds)
@@ -158,20 +159,18 @@ def main() -> int:
     }
     median["ratios"] = {
         "first_sample": statistics.median(
-            r["asynchronous"]["first_sample_s"] / r["synchronous"]["first_sample_s"]
-            for r in rounds
+            r["asynchronous"]["first_sample_s"] / r["synchronous"]["first_sample_s"] for r in rounds
         ),
         "rollouts_per_s": statistics.median(
-            r["asynchronous"]["rollouts_per_s"] / r["synchronous"]["rollouts_per_s"]
-            for r in rounds
+            r["asynchronous"]["rollouts_per_s"] / r["synchronous"]["rollouts_per_s"] for r in rounds
         ),
     }
     result = {
         "delay_s": options.delay,
         "calls": options.calls,
         "rounds": options.rounds,
-        "per_round_note": f"{options.calls} rollout_func calls of {len(rows) * GENERATIONS} rollouts; "
-        "the worker until as many rollouts are done, 10 in flight",
+        "per_round_note": f"{options.calls} rollout_func calls of {per_call} rollouts; the "
+        f"worker until as many rollouts are done, {per_call} in flight",
         "per_round": rounds,
         "median": median,
     }
