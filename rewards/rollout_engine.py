@@ -21,8 +21,10 @@ stream failure, until a result arrives or a stream has stayed open SETTLED_SECON
 
 Counted in `Shared.counts` and pushed to `metrics_queue` (TRL's logs) after each group as
 `nemo_gym/<name>_total`: `rollouts`, `failed_rollouts`, `stale_rollouts`, `dropped_groups`,
-`groups`, `samples`, `resent_rollouts`, `streams`; also `rollout/inflight` and
-`rollout/duration_s` (the bridge's `/run` latency, as a rate).
+`groups`, `samples`, `resent_rollouts`, `streams`, and `failures/<kind>` per failed rollout
+(NeMo Gym's `failure_kind`, e.g. `judge_failed`, as the bridge passes it on in the error's
+metadata, else the error's reason or code); also `rollout/inflight` and `rollout/duration_s`
+(the bridge's `/run` latency, as a rate).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ SETTLED_SECONDS = 2.0  # a stream open this long without failing: the bridge cou
 RECONNECT_DELAYS = (0.5, 1.0, 2.0, 5.0)  # s before reopening after the n-th failure in a row
 TICK = 0.5  # s, the loop's longest sleep (stop requests, stream rotation, backpressure)
 STOP_WAIT = 10.0  # s, how long a stop waits for the cancelled streams to end
+MAX_FAILURE_NAMES = 32  # distinct `failures/<kind>` counts; further kinds count as `other`
 # Call-level codes that sending again cannot fix.
 PERMANENT = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "UNIMPLEMENTED", "INVALID_ARGUMENT"})
 
@@ -346,6 +349,7 @@ class Engine:
             groups=1,
             samples=len(verdict.samples),
         )
+        counts.update(self._failure_name(failure) for failure in verdict.failures.values())
         for sample in verdict.samples:
             sample.enqueued_at = time.time()
             self.shared.rollout_buffer.put_nowait(sample)
@@ -359,6 +363,17 @@ class Engine:
                 policy.summary(verdict.failures),
             )
         self._push_metrics(group)
+
+    def _failure_name(self, failure: Failure) -> str:
+        """The count a failed rollout adds to: `failures/<kind>`, kind = NeMo Gym's
+        `failure_kind` when the bridge passed it on (`failureKind`), else the failure's
+        reason, else its code; at most MAX_FAILURE_NAMES names, then `failures/other`."""
+        kind = failure.metadata.get("failureKind") or failure.reason or failure.code
+        name = "failures/" + "".join(c if c.isalnum() or c in ":._-" else "_" for c in kind[:64])
+        known = sum(1 for key in self.shared.counts if key.startswith("failures/"))
+        if name not in self.shared.counts and known >= MAX_FAILURE_NAMES:
+            return "failures/other"
+        return name
 
     def _push_metrics(self, group: rollout_groups.Group) -> None:
         counts = self.shared.counts

@@ -55,6 +55,7 @@ class NemoGymRolloutWorker:
 
     @property
     def target(self) -> str:
+        """The bridge's gRPC target ("" before `start()` when an embedded bridge is used)."""
         return self._shared.target
 
     @property

@@ -58,6 +58,7 @@ def test_failed_rollouts_are_left_out_and_their_groups_dropped_and_counted(bridg
     assert worker.rollout_buffer.empty() and counts["samples"] == 0
     assert counts["failed_rollouts"] == counts["rollouts"] == 2 * counts["groups"]
     assert counts["dropped_groups"] == counts["groups"]
+    assert counts["failures/UPSTREAM_UNAVAILABLE"] == counts["failed_rollouts"]  # by cause
     pushed = []
     while not worker.metrics_queue.empty():
         pushed.append(worker.metrics_queue.get_nowait())

@@ -175,7 +175,10 @@ def test_async_grpo_trains_on_the_rollouts_as_they_finish(
     counts = worker.counts
     assert counts["dropped_groups"] >= 1  # the masked row's group: both rollouts masked
     assert counts["failed_rollouts"] == 2 * counts["dropped_groups"]
-    assert sum(e.get("nemo_gym/dropped_groups_total", 0) for e in trainer.state.log_history) >= 1
+    assert counts["failures/judge_failed"] == counts["failed_rollouts"]  # NeMo Gym's failure_kind
+    logged = trainer.state.log_history
+    assert sum(e.get("nemo_gym/dropped_groups_total", 0) for e in logged) >= 1
+    assert sum(e.get("nemo_gym/failures/judge_failed_total", 0) for e in logged) >= 2
     assert not math.isnan(steps[-1]["reward"])
     paths = [c.path for c in policy.calls]
     for route in ("/health", "/v1/models", "/get_world_size", "/init_weight_transfer_engine"):
