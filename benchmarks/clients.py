@@ -23,7 +23,7 @@ import aiohttp
 import grpc
 import requests
 
-from nemo_gym_grpc.bridge.nemo_gym import completion_response
+from nemo_gym_grpc.bridge.nemo_gym.verify import completion_response
 from nemo_gym_grpc.rewards import client, convert
 from nemo_gym_grpc.rewards.functions import SEED_MODEL, reward_nemo_gym_verify
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc

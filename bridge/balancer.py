@@ -1,10 +1,13 @@
-"""Spreading items over the upstream replicas of one resources server.
+"""Slots, and spreading items over the upstream replicas of one server.
 
-Each upstream base URL is a `Replica` with its own slots (`--max-in-flight` concurrent calls)
-and two counters: items waiting for a slot there and items holding one. `Balancer.pick` sends
-an item to the replica with the fewest of both (least in-flight), rotating between equals, and
-avoids for `REFUSED_COOLDOWN` seconds a replica that refused a connection. Counters change only
-inside `Replica.use()`, so no failure or cancellation can leave them raised.
+`Slots` is a bounded number of concurrent calls with two counters, items waiting for a slot
+and items holding one; counters change only inside `Slots.use()`, so no failure or
+cancellation can leave them raised. Each upstream base URL is a `Replica`: its own slots
+(`--max-in-flight`; the runner gives agents' replicas `--agent-concurrency`) and a refusal
+mark. `Balancer.pick` sends an item to the replica with the fewest items waiting or holding a
+slot there (least in-flight), rotating between equals, and avoids for `REFUSED_COOLDOWN`
+seconds a replica that refused a connection. How long an item may wait for a slot is the
+attempts' rule (`attempts.slot_wait`).
 """
 
 from __future__ import annotations
@@ -18,33 +21,13 @@ from collections.abc import Iterable
 REFUSED_COOLDOWN = 5.0
 
 
-async def acquire_within(semaphore: asyncio.Semaphore, seconds: float) -> bool:
-    """Acquire `semaphore` within `seconds`: True once held, False when the time passed
-    first. A slot acquired just as the time passed is kept (True); one acquired just as the
-    caller is cancelled is released (`asyncio.wait_for` can lose either on Python < 3.12)."""
-    acquiring = asyncio.ensure_future(semaphore.acquire())
-    try:
-        await asyncio.wait({acquiring}, timeout=max(seconds, 0.0))
-    except asyncio.CancelledError:
-        if not acquiring.cancel() and not acquiring.cancelled():
-            semaphore.release()  # it was acquired: give it back
-        raise
-    if acquiring.done():
-        return True
-    acquiring.cancel()
-    try:
-        await acquiring
-    except asyncio.CancelledError:
-        return False
-    return True  # acquired before the cancellation took effect
-
-
 if sys.version_info >= (3, 11):
 
-    async def _acquire_in_time(semaphore: asyncio.Semaphore, seconds: float) -> bool:
-        """`acquire_within` at the cost of one timer (no extra task): this runs for every item
-        that queues for a replica's slot. Semaphore.acquire gives back a slot it got just as
-        the timeout cancelled it."""
+    async def acquire_within(semaphore: asyncio.Semaphore, seconds: float) -> bool:
+        """Acquire `semaphore` within `seconds`: True once held, False when the time passed
+        first; a waiter cancelled meanwhile takes no slot (Semaphore.acquire gives back a slot
+        it got just as it was cancelled). One timer, no extra task: this runs for every item
+        that queues for a slot."""
         try:
             async with asyncio.timeout(max(seconds, 0.0)):
                 await semaphore.acquire()
@@ -53,11 +36,30 @@ if sys.version_info >= (3, 11):
         return True
 
 else:  # Python 3.10: no asyncio.timeout
-    _acquire_in_time = acquire_within
+
+    async def acquire_within(semaphore: asyncio.Semaphore, seconds: float) -> bool:
+        """As above, with a task: a slot acquired just as the time passed is kept (True); one
+        acquired just as the caller is cancelled is released (`asyncio.wait_for` can lose
+        either on Python < 3.12)."""
+        acquiring = asyncio.ensure_future(semaphore.acquire())
+        try:
+            await asyncio.wait({acquiring}, timeout=max(seconds, 0.0))
+        except asyncio.CancelledError:
+            if not acquiring.cancel() and not acquiring.cancelled():
+                semaphore.release()  # it was acquired: give it back
+            raise
+        if acquiring.done():
+            return True
+        acquiring.cancel()
+        try:
+            await acquiring
+        except asyncio.CancelledError:
+            return False
+        return True  # acquired before the cancellation took effect
 
 
 class SlotTimeout(Exception):
-    """`Replica.use(wait)` found no free slot within `wait` seconds; `queued`: seconds it
+    """`Slots.use(wait)` found no free slot within `wait` seconds; `queued`: seconds it
     waited."""
 
     def __init__(self, queued: float) -> None:
@@ -65,7 +67,33 @@ class SlotTimeout(Exception):
         self.queued = queued
 
 
-class Replica:
+class Slots:
+    """`size` slots for concurrent calls, and their load.
+
+    Attributes:
+        waiting: items waiting for a slot.
+        in_flight: items holding one.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.waiting = 0
+        self.in_flight = 0
+        self._slots = asyncio.Semaphore(size)
+
+    @property
+    def load(self) -> int:
+        """Items here and not finished: waiting plus in flight."""
+        return self.waiting + self.in_flight
+
+    def use(self, wait: float | None = None) -> _Slot:
+        """`async with slots.use(wait) as queued:` holds one slot for the body; `queued` is the
+        seconds spent waiting for it, at most `wait` (None: as long as it takes), else
+        `SlotTimeout` is raised and the body does not run. The counters are restored however
+        the body (or the wait) ends."""
+        return _Slot(self, wait)
+
+
+class Replica(Slots):
     """One upstream base URL and its load.
 
     Args:
@@ -73,63 +101,47 @@ class Replica:
         max_in_flight: most concurrent calls to it (its slots).
 
     Attributes:
-        waiting: items routed here that wait for a slot.
-        in_flight: items holding a slot (an HTTP request to it outstanding).
         refused_until: `time.monotonic()` until which it is passed over (0 = never refused).
     """
 
     def __init__(self, url: str, max_in_flight: int) -> None:
+        super().__init__(max_in_flight)
         self.url = url
-        self.waiting = 0
-        self.in_flight = 0
         self.refused_until = 0.0
-        self._slots = asyncio.Semaphore(max_in_flight)
-
-    @property
-    def load(self) -> int:
-        """Items routed here and not finished: waiting plus in flight."""
-        return self.waiting + self.in_flight
 
     def refused(self) -> None:
         """Record a refused connection: pass this replica over for REFUSED_COOLDOWN s."""
         self.refused_until = time.monotonic() + REFUSED_COOLDOWN
 
-    def use(self, wait: float | None = None) -> _Slot:
-        """`async with replica.use(wait) as queued:` holds one of this replica's slots for the
-        body; `queued` is the seconds spent waiting for it, at most `wait` (None: as long as it
-        takes), else `SlotTimeout` is raised and the body does not run. The counters are
-        restored however the body (or the wait) ends."""
-        return _Slot(self, wait)
-
 
 class _Slot:
-    """The async context manager of `Replica.use` (a class, not `asynccontextmanager`: this
+    """The async context manager of `Slots.use` (a class, not `asynccontextmanager`: this
     runs once per upstream call, and the generator-based form costs about 4 us more)."""
 
-    __slots__ = ("_replica", "_wait")
+    __slots__ = ("_owner", "_wait")
 
-    def __init__(self, replica: Replica, wait: float | None) -> None:
-        self._replica = replica
+    def __init__(self, owner: Slots, wait: float | None) -> None:
+        self._owner = owner
         self._wait = wait
 
     async def __aenter__(self) -> float:
-        replica = self._replica
+        owner = self._owner
         queued_at = time.monotonic()
-        replica.waiting += 1
+        owner.waiting += 1
         try:
-            if self._wait is None or not replica._slots.locked():
-                await replica._slots.acquire()
-            elif not await _acquire_in_time(replica._slots, self._wait):
+            if self._wait is None or not owner._slots.locked():
+                await owner._slots.acquire()
+            elif not await acquire_within(owner._slots, self._wait):
                 raise SlotTimeout(time.monotonic() - queued_at)
         finally:
-            replica.waiting -= 1
-        replica.in_flight += 1
+            owner.waiting -= 1
+        owner.in_flight += 1
         return time.monotonic() - queued_at
 
     async def __aexit__(self, *exc_info: object) -> None:
-        replica = self._replica
-        replica.in_flight -= 1
-        replica._slots.release()
+        owner = self._owner
+        owner.in_flight -= 1
+        owner._slots.release()
 
 
 class Balancer:

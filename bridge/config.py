@@ -16,17 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_gym_grpc.bridge.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.flags import (
     Flag,
+    http_url,
     listen_address,
     non_negative_float,
     port,
     positive_float,
     positive_int,
+    readable_file,
     server_entry,
     token_file,
 )
-from nemo_gym_grpc.bridge.verifier import RetryPolicy
 
 MiB = 1024 * 1024
 # The bearer token clients must send; the trainer side reads the same name (rewards/settings.py).
@@ -46,12 +48,31 @@ def setting(*flags: Flag, convert: Callable[..., Any] = _same) -> Any:
     )
 
 
+def option(name: str, text: str, *, convert: Callable[..., Any] = _same, **flag: Any) -> Any:
+    """A `BridgeConfig` field set by the one flag `Flag(name, text, **flag)` (see `setting`)."""
+    return setting(Flag(name, text, **flag), convert=convert)
+
+
 def _replicas(entries: list[tuple[str, str]]) -> dict[str, str | list[str]]:
     """`--server` entries grouped by name: {name: [base URL, ...]} in the order given."""
     grouped: dict[str, list[str]] = {}
     for name, url in entries:
         grouped.setdefault(name, []).append(url)
     return {name: urls for name, urls in grouped.items()}
+
+
+def _routes(flag: str, text: str) -> Any:
+    """A routing table field set by the repeatable `flag NAME=URL` (`server_entry`):
+    {name: [base URL, ...]}."""
+    return option(
+        flag,
+        text,
+        type=server_entry,
+        default=(),
+        kind="list",
+        metavar="NAME=URL",
+        convert=_replicas,
+    )
 
 
 @dataclass(kw_only=True)
@@ -65,118 +86,82 @@ class BridgeConfig:
     `reuse_port` has no flag.
     """
 
-    listen: str = setting(
-        Flag(
-            "--listen",
-            "gRPC address HOST:PORT ([IPv6]:PORT; port 0 = any free port) or unix:PATH",
-            type=listen_address,
-            default="127.0.0.1:50051",
-            metavar="HOST:PORT",
-        )
+    listen: str = option(
+        "--listen",
+        "gRPC address HOST:PORT ([IPv6]:PORT; port 0 = any free port) or unix:PATH",
+        type=listen_address,
+        default="127.0.0.1:50051",
+        metavar="HOST:PORT",
     )
-    head_url: str | None = setting(
-        Flag(
-            "--head-url",
-            "NeMo Gym head server URL, e.g. http://127.0.0.1:11000, to discover servers",
-            metavar="URL",
-        )
+    head_url: str | None = option(
+        "--head-url",
+        "NeMo Gym head server URL, e.g. http://127.0.0.1:11000, to discover servers",
+        type=http_url,
+        metavar="URL",
     )
-    servers: dict[str, str | list[str]] = setting(
-        Flag(
-            "--server",
-            "a resources server base URL (repeatable; the same NAME again adds a replica, load "
-            "goes to the least busy one); wins over discovery",
-            type=server_entry,
-            default=(),
-            kind="list",
-            metavar="NAME=URL",
-        ),
-        convert=_replicas,
+    servers: dict[str, str | list[str]] = _routes(
+        "--server",
+        "a resources server base URL (repeatable; the same NAME again adds a replica, load "
+        "goes to the least busy one); wins over discovery",
     )
-    agents: dict[str, str | list[str]] = setting(
-        Flag(
-            "--agent",
-            "a NeMo Gym agent server base URL (e.g. simple_agent) that Run/RunStream post "
-            "rows to at <URL>/run (repeatable; the same NAME again adds a replica, load goes "
-            "to the least busy one); wins over discovery",
-            type=server_entry,
-            default=(),
-            kind="list",
-            metavar="NAME=URL",
-        ),
-        convert=_replicas,
+    agents: dict[str, str | list[str]] = _routes(
+        "--agent",
+        "a NeMo Gym agent server base URL (e.g. simple_agent) that Run/RunStream post "
+        "rows to at <URL>/run (repeatable; the same NAME again adds a replica, load goes "
+        "to the least busy one); wins over discovery",
     )
-    environment_servers: dict[str, str | list[str]] = setting(
-        Flag(
-            "--environment-server",
-            "a NeMo Gym (>= 0.7) environment server base URL that Run/RunStream post "
-            "episodes to at <URL>/run (repeatable like --agent); wins over discovery",
-            type=server_entry,
-            default=(),
-            kind="list",
-            metavar="NAME=URL",
-        ),
-        convert=_replicas,
+    environment_servers: dict[str, str | list[str]] = _routes(
+        "--environment-server",
+        "a NeMo Gym (>= 0.7) environment server base URL that Run/RunStream post "
+        "episodes to at <URL>/run (repeatable like --agent); wins over discovery",
     )
-    agent_concurrency: int = setting(
-        Flag(
-            "--agent-concurrency",
-            "most rollouts in flight per agent or environment server name, all replicas "
-            "together; further rollouts wait for a slot (bounded by their RPC deadline)",
-            type=positive_int,
-            default=64,
-            metavar="N",
-        )
+    agent_concurrency: int = option(
+        "--agent-concurrency",
+        "most rollouts in flight per agent or environment server name, all replicas "
+        "together; further rollouts wait for a slot (bounded by their RPC deadline)",
+        type=positive_int,
+        default=64,
+        metavar="N",
     )
-    run_timeout: float = setting(
-        Flag(
-            "--run-timeout",
-            "default seconds per rollout's /run call, from when it got its agent slot "
-            "(RunRequest.timeout_seconds overrides it; the RPC deadline cuts it)",
-            type=positive_float,
-            default=3600.0,
-            metavar="SECONDS",
-        )
+    run_timeout: float = option(
+        "--run-timeout",
+        "default seconds per rollout's /run call, from when it got its agent slot "
+        "(RunRequest.timeout_seconds overrides it; the RPC deadline cuts it)",
+        type=positive_float,
+        default=3600.0,
+        metavar="SECONDS",
     )
-    session_servers: tuple[str, ...] = setting(
-        Flag(
-            "--session-server",
-            "run every item of this resources server as its own NeMo Gym session: "
-            "/seed_session first, its cookies sent with the item's /verify (repeatable)",
-            default=(),
-            kind="list",
-            metavar="NAME",
-        ),
+    session_servers: tuple[str, ...] = option(
+        "--session-server",
+        "run every item of this resources server as its own NeMo Gym session: "
+        "/seed_session first, its cookies sent with the item's /verify (repeatable)",
+        default=(),
+        kind="list",
+        metavar="NAME",
         convert=tuple,
     )
-    rollout_correlation: bool = setting(
-        Flag(
-            "--no-rollout-correlation",
-            "send every upstream call to its plain route, never under NeMo Gym's "
-            "/ng-rollout/<request_id> prefix (by default the prefix is used where the server "
-            "takes it and the request_id is a valid rollout id)",
-            default=False,
-            kind="switch",
-        ),
+    rollout_correlation: bool = option(
+        "--no-rollout-correlation",
+        "send every upstream call to its plain route, never under NeMo Gym's "
+        "/ng-rollout/<request_id> prefix (by default the prefix is used where the server "
+        "takes it and the request_id is a valid rollout id)",
+        default=False,
+        kind="switch",
         convert=lambda off: not off,
     )
-    verify_timeout: float = setting(
-        Flag(
-            "--verify-timeout",
-            "default seconds per upstream /verify call",
-            type=positive_float,
-            default=30.0,
-            metavar="SECONDS",
-        )
+    verify_timeout: float = option(
+        "--verify-timeout",
+        "default seconds per upstream /verify call",
+        type=positive_float,
+        default=30.0,
+        metavar="SECONDS",
     )
-    max_in_flight: int = setting(
-        Flag(
-            "--max-in-flight",
-            "most concurrent /verify calls per upstream",
-            type=positive_int,
-            default=256,
-            metavar="N",
-        )
+    max_in_flight: int = option(
+        "--max-in-flight",
+        "most concurrent /verify calls per upstream",
+        type=positive_int,
+        default=256,
+        metavar="N",
     )
     retry: RetryPolicy = setting(
         Flag(
@@ -196,137 +181,112 @@ class BridgeConfig:
         ),
         convert=lambda attempts, budget: RetryPolicy(attempts=attempts, budget=budget),
     )
-    max_stream_items: int = setting(
-        Flag(
-            "--max-stream-items",
-            "most items one VerifyStream holds at once",
-            type=positive_int,
-            default=4096,
-            metavar="N",
-        )
+    max_stream_items: int = option(
+        "--max-stream-items",
+        "most items one VerifyStream holds at once",
+        type=positive_int,
+        default=4096,
+        metavar="N",
     )
-    max_batch_items: int | None = setting(
-        Flag(
-            "--max-batch-items",
-            "most items in one VerifyStreamRequest message, at most --max-stream-items "
-            "(default: the same as --max-stream-items)",
-            type=positive_int,
-            metavar="N",
-        )
+    max_batch_items: int | None = option(
+        "--max-batch-items",
+        "most items in one VerifyStreamRequest message, at most --max-stream-items "
+        "(default: the same as --max-stream-items)",
+        type=positive_int,
+        metavar="N",
     )
-    max_item_bytes: int = setting(
-        Flag(
-            "--max-item-mb",
-            "largest item in MiB; a larger one fails alone with INVALID_ARGUMENT / ITEM_TOO_LARGE",
-            type=positive_float,
-            default=16.0,
-            metavar="MIB",
-        ),
+    max_item_bytes: int = option(
+        "--max-item-mb",
+        "largest item in MiB; a larger one fails alone with INVALID_ARGUMENT / ITEM_TOO_LARGE",
+        type=positive_float,
+        default=16.0,
+        metavar="MIB",
         convert=lambda mb: int(mb * MiB),
     )
-    max_streams: int = setting(
-        Flag(
-            "--max-streams",
-            "most concurrent VerifyStream calls",
-            type=positive_int,
-            default=256,
-            metavar="N",
-        )
+    max_streams: int = option(
+        "--max-streams",
+        "most concurrent VerifyStream calls",
+        type=positive_int,
+        default=256,
+        metavar="N",
     )
-    max_message_bytes: int = setting(
-        Flag(
-            "--max-message-mb",
-            "gRPC message size limit in MiB, both directions",
-            type=positive_int,
-            default=64,
-            metavar="MIB",
-        ),
+    max_message_bytes: int = option(
+        "--max-message-mb",
+        "gRPC message size limit in MiB, both directions",
+        type=positive_int,
+        default=64,
+        metavar="MIB",
         convert=lambda mb: mb * MiB,
     )
-    grace: float = setting(
-        Flag(
-            "--grace",
-            "seconds in-flight calls get to finish on SIGTERM/SIGINT",
-            type=non_negative_float,
-            default=10.0,
-            metavar="SECONDS",
-        )
+    grace: float = option(
+        "--grace",
+        "seconds in-flight calls get to finish on SIGTERM/SIGINT",
+        type=non_negative_float,
+        default=10.0,
+        metavar="SECONDS",
     )
-    max_connection_age: float = setting(
-        Flag(
-            "--max-connection-age",
-            "seconds before a client connection is asked to reconnect, so long-lived clients "
-            "rebalance across replicas; 0 = never",
-            type=non_negative_float,
-            default=0.0,
-            metavar="SECONDS",
-        )
+    max_connection_age: float = option(
+        "--max-connection-age",
+        "seconds before a client connection is asked to reconnect, so long-lived clients "
+        "rebalance across replicas; 0 = never",
+        type=non_negative_float,
+        default=0.0,
+        metavar="SECONDS",
     )
-    tls_cert: Path | None = setting(
-        Flag("--tls-cert", "PEM certificate chain (TLS; with --tls-key)", type=Path, metavar="PATH")
+    tls_cert: Path | None = option(
+        "--tls-cert",
+        "PEM certificate chain (TLS; with --tls-key)",
+        type=readable_file,
+        metavar="PATH",
     )
-    tls_key: Path | None = setting(
-        Flag("--tls-key", "PEM private key (TLS)", type=Path, metavar="PATH")
+    tls_key: Path | None = option(
+        "--tls-key", "PEM private key (TLS)", type=readable_file, metavar="PATH"
     )
-    tls_client_ca: Path | None = setting(
-        Flag(
-            "--tls-client-ca",
-            "PEM CA bundle; require client certificates (mTLS)",
-            type=Path,
-            metavar="PATH",
-        )
+    tls_client_ca: Path | None = option(
+        "--tls-client-ca",
+        "PEM CA bundle; require client certificates (mTLS)",
+        type=readable_file,
+        metavar="PATH",
     )
-    token: str | None = setting(
-        Flag(
-            "--token-file",
-            "file holding the bearer token clients must send (the variable holds the token itself)",
-            type=token_file,
-            env=TOKEN_ENV,
-            env_type=str,
-            metavar="PATH",
-        )
+    token: str | None = option(
+        "--token-file",
+        "file holding the bearer token clients must send (the variable holds the token itself)",
+        type=token_file,
+        env=TOKEN_ENV,
+        env_type=str,
+        metavar="PATH",
     )
-    insecure: bool = setting(
-        Flag(
-            "--insecure",
-            "allow a non-loopback --listen without TLS or a token",
-            default=False,
-            kind="switch",
-        )
+    insecure: bool = option(
+        "--insecure",
+        "allow a non-loopback --listen without TLS or a token",
+        default=False,
+        kind="switch",
     )
-    ready_file: Path | None = setting(
-        Flag(
-            "--ready-file", "write the bound HOST:PORT here once serving", type=Path, metavar="PATH"
-        )
+    ready_file: Path | None = option(
+        "--ready-file", "write the bound HOST:PORT here once serving", type=Path, metavar="PATH"
     )
-    exit_with_parent: bool = setting(
-        Flag(
-            "--exit-with-parent",
-            "stop when the process that started the bridge exits (embedded use)",
-            default=False,
-            kind="switch",
-        )
+    exit_with_parent: bool = option(
+        "--exit-with-parent",
+        "stop when the process that started the bridge exits (embedded use)",
+        default=False,
+        kind="switch",
     )
-    health_interval: float = setting(
-        Flag(
-            "--health-interval",
-            "seconds between readiness probes of the upstreams",
-            type=positive_float,
-            default=5.0,
-            metavar="SECONDS",
-        )
+    health_interval: float = option(
+        "--health-interval",
+        "seconds between readiness probes of the upstreams",
+        type=positive_float,
+        default=5.0,
+        metavar="SECONDS",
     )
-    metrics_port: int | None = setting(
-        Flag(
-            "--metrics-port",
-            "serve Prometheus metrics at http://HOST:PORT/metrics (with --workers N, worker i "
-            "uses PORT+i; 0 = a free port, logged); default: no metrics server",
-            type=port,
-            metavar="PORT",
-        )
+    metrics_port: int | None = option(
+        "--metrics-port",
+        "serve Prometheus metrics at http://HOST:PORT/metrics (with --workers N, worker i "
+        "uses PORT+i; 0 = a free port, logged); default: no metrics server",
+        type=port,
+        metavar="PORT",
     )
-    metrics_host: str = setting(
-        Flag("--metrics-host", "address of the metrics server", default="127.0.0.1", metavar="HOST")
+    metrics_host: str = option(
+        "--metrics-host", "address of the metrics server", default="127.0.0.1", metavar="HOST"
     )
     # Set by `serve --workers N` for its workers: several processes bind the same port.
     reuse_port: bool = False

@@ -7,10 +7,20 @@ UPPER_SNAKE `reason` and lowerCamel `metadata` (AIP-193). Clients match on `reas
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+log = logging.getLogger(__name__)
+
+# A result message with `request_id`, `latency_seconds` and an `error` (VerifyResponse,
+# RunResponse).
+Result = TypeVar("Result", bound=Message)
 
 ERROR_DOMAIN = "nemo-gym-grpc"
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -93,6 +103,23 @@ class ItemError(Exception):
         detail = any_pb2.Any()
         detail.Pack(info)
         return status_pb2.Status(code=self.code, message=self.message, details=[detail])
+
+    def result(self, response: Callable[..., Result], request_id: str) -> Result:
+        """The failed result of item `request_id`: `response(request_id, latency_seconds)`
+        (e.g. `VerifyResponse`) with `error` set to `to_status()`."""
+        failed = response(request_id=request_id, latency_seconds=self.latency_seconds)
+        failed.error.CopyFrom(self.to_status())  # type: ignore[attr-defined]
+        return failed
+
+
+def as_item_error(exc: Exception, request_id: str) -> ItemError:
+    """What an item's flow raised, as its failure: `exc` itself when it is an ItemError; else
+    a bug of the bridge, logged with its traceback (call this in the `except` clause), as
+    INTERNAL / BRIDGE_INTERNAL: a bug must not cost the item its outcome."""
+    if isinstance(exc, ItemError):
+        return exc
+    log.exception("unexpected error on request_id=%r", request_id[:100])
+    return ItemError(code_pb2.INTERNAL, BRIDGE_INTERNAL, f"bridge error: {exc!r}")
 
 
 def invalid_item(message: str, **metadata: object) -> ItemError:

@@ -218,23 +218,45 @@ def listen_address(text: str) -> str:
     return text
 
 
+def _is_http_url(text: str) -> bool:
+    parts = urlsplit(text)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def http_url(text: str) -> str:
+    """http(s)://HOST[:PORT][/PATH] -> the URL without a trailing slash."""
+    if not _is_http_url(text):
+        raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
+    return text.rstrip("/")
+
+
 def server_entry(text: str) -> tuple[str, str]:
     """NAME=http(s)://HOST[:PORT][/PATH] -> (NAME, the URL without a trailing slash)."""
     name, sep, url = text.partition("=")
-    parts = urlsplit(url)
-    if not sep or not name or parts.scheme not in ("http", "https") or not parts.hostname:
+    if not sep or not name or not _is_http_url(url):
         raise argparse.ArgumentTypeError(f"expected NAME=http://HOST:PORT, got {text!r}")
     return name, url.rstrip("/")
+
+
+def _read(text: str) -> bytes:
+    try:
+        return Path(text).read_bytes()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {exc.strerror or exc}") from None
+
+
+def readable_file(text: str) -> Path:
+    """The path of a file that can be read (e.g. a PEM file)."""
+    _read(text)
+    return Path(text)
 
 
 def token_file(text: str) -> str:
     """The token held in the file named `text`, stripped; the file must not be empty."""
     try:
-        token = Path(text).read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise argparse.ArgumentTypeError(
-            f"cannot read {text}: {getattr(exc, 'strerror', None) or exc}"
-        ) from None
+        token = _read(text).decode().strip()
+    except UnicodeDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {exc}") from None
     if not token:
         raise argparse.ArgumentTypeError(f"{text} is empty")
     return token

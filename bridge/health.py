@@ -21,14 +21,14 @@ import logging
 import aiohttp
 from grpc_health.v1 import health, health_pb2
 
-from nemo_gym_grpc.bridge import nemo_gym
-from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
+from nemo_gym_grpc.bridge.contract import ROLLOUT_SERVICE, VERIFY_SERVICE
+from nemo_gym_grpc.bridge.nemo_gym.http import answers
+from nemo_gym_grpc.bridge.upstreams import Repeats, Upstreams
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = verify_pb2.DESCRIPTOR.services_by_name["VerifyService"].full_name
-ROLLOUT_SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+SERVICE_NAME = VERIFY_SERVICE.full_name
+ROLLOUT_SERVICE_NAME = ROLLOUT_SERVICE.full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -46,7 +46,8 @@ class Readiness:
         servicer: the server's `health.aio.HealthServicer`.
         upstreams: the routing table (discovery runs through it).
         session: aiohttp session for the liveness probes.
-        interval: seconds between rounds (re-discovery while unknown, upstream probes).
+        interval: seconds between rounds (re-discovery while unknown, upstream probes;
+            `--health-interval`).
         probe_timeout: seconds for one upstream `GET /`.
         agents: the AGENTS routing table, or None.
     """
@@ -56,7 +57,7 @@ class Readiness:
         servicer: health.aio.HealthServicer,
         upstreams: Upstreams,
         session: aiohttp.ClientSession,
-        interval: float = 5.0,
+        interval: float,
         probe_timeout: float = 2.0,
         agents: Upstreams | None = None,
     ) -> None:
@@ -70,6 +71,7 @@ class Readiness:
         self._probe_timeout = probe_timeout
         self.known = False
         self._answering: dict[tuple[str, str], bool] = {}
+        self._repeats = Repeats()
 
     async def run(self) -> None:
         """Run rounds forever (cancel to stop). The first round runs at once."""
@@ -95,31 +97,44 @@ class Readiness:
 
     async def _learn_routes(self) -> None:
         discovered = False
+        unreadable: dict[str, str] = {}  # head URL -> why: one line for all its tables
         for table, _ in self._tables:
             if not table.head_url:
                 continue
             try:
                 found = await table.discover()
-                none = f"no {table.kind.noun}s"
-                log.info("discovered from %s: %s", table.head_url, found or none)
-                discovered = True
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                log.warning("discovery from %s failed: %r", table.head_url, exc)
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                unreadable[table.head_url] = table.discovery_error or ""
+                continue
+            log.info("discovered from %s: %s", table.head_url, found or f"no {table.kind.noun}s")
+            discovered = True
+        for url, why in unreadable.items():
+            if self._repeats.due(url, why):
+                log.warning(
+                    "head server %s cannot be read (%s): no routes from it yet; asking again "
+                    "every %g s",
+                    url,
+                    why,
+                    self._interval,
+                )
         self.known = discovered or any(table.names() for table, _ in self._tables)
         if self.known:
-            for table, _ in self._tables:
-                for entry in table.entries():
-                    log.info(
-                        "route %s -> %s (%s%s)",
-                        entry.name,
-                        ", ".join(entry.urls),
-                        entry.source,
-                        f", {entry.protocol}" if entry.protocol else "",
-                    )
+            self._log_routes()
             for service in ("", *(service for _, service in self._tables)):
                 await self._servicer.set(service, SERVING)
 
+    def _log_routes(self) -> None:
+        for table, _ in self._tables:
+            for entry in table.entries():
+                log.info(
+                    "route %s -> %s (%s%s)",
+                    entry.name,
+                    ", ".join(entry.urls),
+                    entry.source,
+                    f", {entry.protocol}" if entry.protocol else "",
+                )
+
     async def _any_answers(self, urls: list[str]) -> bool:
         """True when at least one replica answers its liveness route."""
-        probes = (nemo_gym.answers(self._session, url, self._probe_timeout) for url in urls)
+        probes = (answers(self._session, url, self._probe_timeout) for url in urls)
         return any(await asyncio.gather(*probes))

@@ -19,16 +19,10 @@ from typing import Any, NoReturn, cast
 import grpc
 from google.protobuf.message import DecodeError
 
-from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
+from nemo_gym_grpc.bridge.contract import HANDLER_KINDS, STREAM_METHODS
 
 DRAIN_SECONDS = 1.0  # a client that has not half-closed by then is refused while it writes
-
-_SERVICE = verify_pb2.DESCRIPTOR.services_by_name["VerifyService"]
-STREAM_METHOD = f"/{_SERVICE.full_name}/{_SERVICE.methods_by_name['VerifyStream'].name}"
-_ROLLOUTS = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"]
-RUN_STREAM_METHOD = f"/{_ROLLOUTS.full_name}/{_ROLLOUTS.methods_by_name['RunStream'].name}"
-# The long-lived streams `--max-streams` counts, by full method name -> RPC name.
-STREAM_METHODS = {STREAM_METHOD: "VerifyStream", RUN_STREAM_METHOD: "RunStream"}
+_STREAMS = " and ".join(STREAM_METHODS.values())  # "VerifyStream and RunStream"
 
 DENIED = "missing or invalid bearer token"
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
@@ -62,15 +56,6 @@ async def refuse_stream(
     except (asyncio.TimeoutError, DecodeError):
         pass  # nothing the client sent matters any more
     await context.abort(code, details)
-
-
-# grpc's handler factory by (request_streaming, response_streaming).
-HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
-    (False, False): grpc.unary_unary_rpc_method_handler,
-    (False, True): grpc.unary_stream_rpc_method_handler,
-    (True, False): grpc.stream_unary_rpc_method_handler,
-    (True, True): grpc.stream_stream_rpc_method_handler,
-}
 
 
 def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -123,8 +108,8 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
 
 
 class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
-    """Answers RESOURCE_EXHAUSTED to a VerifyStream or RunStream call beyond `max_streams`
-    open ones (both counted together).
+    """Answers RESOURCE_EXHAUSTED to a VerifyStream or RunStream call (`contract.STREAM_METHODS`)
+    beyond `max_streams` open ones (all counted together).
 
     grpc.aio's own `maximum_concurrent_rpcs` counts every RPC and answers "Concurrent RPC
     limit exceeded!"; this counts only streams and names the limit and the flag that raises it.
@@ -158,7 +143,7 @@ class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
                     context,
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"too many concurrent {rpc} calls: the limit is {self.max_streams} "
-                    "VerifyStream and RunStream calls together (raise it with --max-streams)",
+                    f"{_STREAMS} calls together (raise it with --max-streams)",
                 )
             self.active += 1
             try:

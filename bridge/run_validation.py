@@ -5,13 +5,14 @@ rollout's INVALID_ARGUMENT alone. Size and JSON rules are those of `validation.c
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from nemo_gym_grpc.bridge import errors, nemo_gym
+from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import codec, episodes
-from nemo_gym_grpc.bridge.upstreams import ENVIRONMENT
-from nemo_gym_grpc.bridge.validation import check_size, encode, json_object
+from nemo_gym_grpc.bridge.nemo_gym.correlation import rollout_id_problem
+from nemo_gym_grpc.bridge.nemo_gym.head import ENVIRONMENT
+from nemo_gym_grpc.bridge.nemo_gym.verify import build_row
+from nemo_gym_grpc.bridge.validation import check_envelope, encode, json_object
 from nemo_gym_grpc.v1 import rollout_pb2
 
 # The RunRequest fields that carry JSON text.
@@ -44,20 +45,11 @@ def check_run(request: rollout_pb2.RunRequest, *, max_item_bytes: int) -> None:
             `max_item_bytes` (`RunRequest.ByteSize()`); INVALID_ARGUMENT / INVALID_ITEM for
             an empty `request_id` or `agent`, or a negative or non-finite `timeout_seconds`.
     """
-    check_size(request, max_item_bytes)
-    if not request.request_id:
-        raise errors.invalid_item("request_id is empty", field="request_id")
-    if not request.agent:
-        raise errors.invalid_item("agent is empty", field="agent")
-    if not (math.isfinite(request.timeout_seconds) and request.timeout_seconds >= 0):
-        raise errors.invalid_item(
-            f"timeout_seconds must be finite and >= 0, got {request.timeout_seconds!r}",
-            field="timeout_seconds",
-        )
+    check_envelope(request, "agent", max_item_bytes)
 
 
 def check_body(request: rollout_pb2.RunRequest, protocol: str) -> Checked:
-    """The rollout's body parts for its server's `protocol` (upstreams.AGENT or ENVIRONMENT),
+    """The rollout's body parts for its server's `protocol` (`head.AGENT` or `ENVIRONMENT`),
     built as rollout.proto's RunRequest says; each body is encoded once here, so an item
     that cannot be sent fails before any call.
 
@@ -70,11 +62,11 @@ def check_body(request: rollout_pb2.RunRequest, protocol: str) -> Checked:
     params = None
     if request.responses_create_params_json:
         params = json_object(request.responses_create_params_json, "responses_create_params_json")
-    built = nemo_gym.build_row(request.prompt, row=row, params=params)
+    built = build_row(request.prompt, row=row, params=params)
     parsed = list(zip(JSON_FIELDS[:2], (row, params), strict=True))
     if protocol != ENVIRONMENT:
         return Checked(encode(built, parsed))
-    problem = episodes.rollout_id_problem(request.request_id)
+    problem = rollout_id_problem(request.request_id)
     if problem:
         raise errors.invalid_item(
             f"request_id {request.request_id[:100]!r} is the episode's rollout_id and {problem}",

@@ -1,17 +1,17 @@
-"""One rollout (`RunRequest`) -> NeMo Gym `POST /run` on one replica of its agent server or
-environment server -> one `RunResponse`.
+"""The run flow: one rollout (`RunRequest`) -> NeMo Gym `POST /run` on one replica of its agent
+server or environment server -> one `RunResponse`.
 
 The steps, top to bottom: check the rollout (`run_validation.check_run`), resolve its agent
 (`Upstreams.resolve` on the AGENTS table, which also gives the protocol), build the body
 (`run_validation.check_body`), wait for one of the agent's `--agent-concurrency` slots
-(bounded by the RPC deadline), the attempt loop, read the reply (`nemo_gym.run.read_rollout`
-or `nemo_gym.episodes.read_episode_reply`).
+(bounded by the RPC deadline, `attempts.slot_wait`), its attempts (`attempts.Attempts`),
+read the reply (`nemo_gym.run.read_rollout` or `nemo_gym.episodes.read_episode_reply`).
 
 Retries happen only where the rollout cannot have started: the connection was refused (the
 request was never sent), or an environment server refused the episode at admission. A
 timeout, a 5xx after sending and everything else are final: a rollout runs a policy model and
-tools, and running it twice is not the same as once. The attempt loop and its backoff are
-`verifier.RetryPolicy`'s (`--retry-attempts`, `--retry-budget`).
+tools, and running it twice is not the same as once. The number of attempts and their backoff
+are `attempts.RetryPolicy`'s (`--retry-attempts`, `--retry-budget`).
 
 Every call ends in exactly one `RunResponse`: the rollout, or a per-rollout `error`. The only
 exception that escapes is `asyncio.CancelledError` (the RPC was cancelled or the bridge shuts
@@ -24,31 +24,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import aiohttp
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import errors, nemo_gym, run_validation
-from nemo_gym_grpc.bridge.balancer import Balancer, acquire_within
+from nemo_gym_grpc.bridge import attempts, errors, run_validation
+from nemo_gym_grpc.bridge.attempts import RetryPolicy
+from nemo_gym_grpc.bridge.balancer import Balancer, Replica, Slots, SlotTimeout
 from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
 from nemo_gym_grpc.bridge.nemo_gym import episodes
-from nemo_gym_grpc.bridge.nemo_gym import run as agent_run
-from nemo_gym_grpc.bridge.upstreams import ENVIRONMENT, Upstreams
-from nemo_gym_grpc.bridge.verifier import RetryPolicy, time_left
+from nemo_gym_grpc.bridge.nemo_gym.head import ENVIRONMENT
+from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply, post
+from nemo_gym_grpc.bridge.nemo_gym.run import RUN_PATH, Ran, read_rollout
+from nemo_gym_grpc.bridge.nemo_gym.verify import parse_reply
+from nemo_gym_grpc.bridge.run_validation import Checked
+from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
-
-
-class _AgentSlots:
-    """The `--agent-concurrency` slots of one agent name and its load counters."""
-
-    def __init__(self, concurrency: int) -> None:
-        self.semaphore = asyncio.Semaphore(concurrency)
-        self.in_flight = 0
-        self.waiting = 0
 
 
 class Runner:
@@ -62,7 +55,8 @@ class Runner:
         concurrency: most rollouts in flight per agent name, all replicas together
             (`--agent-concurrency`); further rollouts wait, bounded by their RPC deadline
             (without one, until a slot is free).
-        retry: attempts and budget for the retries that are allowed (see the module).
+        retry: attempts and budget for the retries that are allowed (see the module;
+            `attempts.RetryPolicy`).
         max_item_bytes: largest rollout accepted, serialized bytes.
         metrics: where outcomes and latencies are counted.
 
@@ -90,7 +84,7 @@ class Runner:
         self.metrics = metrics
         # The per-name bound is the binding one; replicas get as many slots, never fewer.
         self.balancer = Balancer(concurrency)
-        self._slots: dict[str, _AgentSlots] = {}
+        self._slots: dict[str, Slots] = {}
 
     def load(self) -> dict[str, tuple[int, int]]:
         """{agent name: (rollouts in flight, rollouts waiting for a slot)} (for metrics)."""
@@ -111,14 +105,8 @@ class Runner:
         """
         try:
             ran, seconds = await self._run(request, deadline)
-        except errors.ItemError as exc:
-            return self.failed(request, exc)
-        except Exception as exc:  # a bug here must not cost the rollout its outcome
-            log.exception("unexpected error running request_id=%r", request.request_id)
-            error = errors.ItemError(
-                code_pb2.INTERNAL, errors.BRIDGE_INTERNAL, f"bridge error: {exc!r}"
-            )
-            return self.failed(request, error)
+        except Exception as exc:  # every rollout gets its outcome, a bridge bug's included
+            return self.failed(request, errors.as_item_error(exc, request.request_id))
         self.metrics.rollout(request.agent, "OK", "")
         return _response(request.request_id, ran, seconds)
 
@@ -129,128 +117,93 @@ class Runner:
         only), counted in the metrics."""
         label = request.agent if self.agents.get(request.agent) else UNKNOWN_SERVER
         self.metrics.rollout(label, code_pb2.Code.Name(error.code), error.reason)
-        failed = rollout_pb2.RunResponse(
-            request_id=request.request_id, latency_seconds=error.latency_seconds
-        )
-        failed.error.CopyFrom(error.to_status())
-        return failed
+        return error.result(rollout_pb2.RunResponse, request.request_id)
 
     async def _run(
         self, request: rollout_pb2.RunRequest, deadline: float | None
-    ) -> tuple[agent_run.Ran, float]:
+    ) -> tuple[Ran, float]:
         """(the rollout, seconds of its `/run` call), or ItemError."""
         run_validation.check_run(request, max_item_bytes=self._max_item_bytes)
         name = request.agent
         urls = await self.agents.resolve(name)
         protocol = self.agents.protocol(name)
         checked = run_validation.check_body(request, protocol)
-        timeout = request.timeout_seconds or self._default_timeout
-        async with self._slot(name, deadline) as queued:
-            policy = self._retry
-            bound = time.monotonic() + policy.budget
-            if deadline is not None:
-                bound = min(bound, deadline)
-            tried: list[str] = []
-            attempt = 1
-            while True:
-                replica = self.balancer.pick(urls, tried)
-                tried.append(replica.url)
-                url = replica.url + agent_run.RUN_PATH
-                if protocol == ENVIRONMENT:
-                    body = checked.episode_body(request.request_id, attempt - 1)
-                else:
-                    body = checked.payload
-                try:
-                    async with replica.use():
-                        reply = await self._post(url, name, body, request, timeout, deadline)
-                    return self._read(reply, url, protocol, request.include_reply)
-                except errors.ItemError as exc:
-                    exc.metadata["attempts"] = str(attempt)
-                    if exc.metadata.get("queuedSeconds") is None and queued:
-                        exc.metadata["queuedSeconds"] = f"{queued:.3f}"
-                    if isinstance(exc, nemo_gym.Refused):
-                        replica.refused()
-                    if not _not_started(exc) or attempt >= policy.attempts:
-                        raise
-                    delay = 0.0 if len(set(tried)) < len(urls) else policy.backoff(attempt)
-                    if time.monotonic() + delay >= bound:
-                        raise
-                    reason = exc.reason
-                if delay:
-                    await asyncio.sleep(delay)
-                log.info(
-                    "retrying rollout request_id=%r on %s (%s): it did not start",
-                    request.request_id[:100],
-                    name,
-                    reason,
-                )
-                attempt += 1
-
-    @asynccontextmanager
-    async def _slot(self, name: str, deadline: float | None) -> AsyncIterator[float]:
-        """Hold one of agent `name`'s slots for the body; yields the seconds waited for it.
-
-        Raises:
-            errors.ItemError: DEADLINE_EXCEEDED / UPSTREAM_TIMEOUT when the RPC deadline
-                passes (less its margin, `verifier.time_left`) before a slot is free.
-        """
         slots = self._slots.get(name)
         if slots is None:
-            slots = self._slots[name] = _AgentSlots(self._concurrency)
-        queued_at = time.monotonic()
-        slots.waiting += 1
+            slots = self._slots[name] = Slots(self._concurrency)
         try:
-            if deadline is None:
-                await slots.semaphore.acquire()
-            elif not await acquire_within(slots.semaphore, time_left(deadline, queued_at)):
-                raise errors.ItemError(
-                    code_pb2.DEADLINE_EXCEEDED,
-                    errors.UPSTREAM_TIMEOUT,
-                    f"the RPC deadline passed while waiting "
-                    f"{time.monotonic() - queued_at:.3f} s for one of the "
-                    f"{self._concurrency} slots of agent {name!r} (--agent-concurrency)",
-                    agent=name,
-                    queuedSeconds=f"{time.monotonic() - queued_at:.3f}",
-                )
-        finally:
-            slots.waiting -= 1
-        slots.in_flight += 1
+            async with slots.use(attempts.slot_wait(deadline)) as queued:
+                tries = attempts.Attempts(self._retry, deadline, self.balancer, urls)
+                while True:
+                    replica = tries.next()
+                    try:
+                        return await self._attempt(
+                            replica, request, checked, protocol, tries.number, deadline, queued
+                        )
+                    except errors.ItemError as exc:
+                        await tries.again(exc, _not_started(exc))  # raises it when final
+                        log.info(
+                            "retrying rollout request_id=%r on %s (%s): it did not start",
+                            request.request_id[:100],
+                            name,
+                            exc.reason,
+                        )
+        except SlotTimeout as exc:
+            raise attempts.deadline_passed(
+                f"while waiting {exc.queued:.3f} s for one of the {self._concurrency} slots of "
+                f"agent {name!r} (--agent-concurrency)",
+                agent=name,
+                queuedSeconds=f"{exc.queued:.3f}",
+            ) from None
+
+    async def _attempt(
+        self,
+        replica: Replica,
+        request: rollout_pb2.RunRequest,
+        checked: Checked,
+        protocol: str,
+        attempt: int,
+        deadline: float | None,
+        queued: float,
+    ) -> tuple[Ran, float]:
+        """Attempt number `attempt` (1 = the first) on one replica, in one of its slots: the
+        `/run` POST and its reply read. A failure carries `queuedSeconds` (the wait for the
+        agent's slot) when the item waited; a refused connection passes the replica over."""
+        url = replica.url + RUN_PATH
+        if protocol == ENVIRONMENT:
+            body = checked.episode_body(request.request_id, attempt - 1)
+        else:
+            body = checked.payload
         try:
-            yield time.monotonic() - queued_at
-        finally:
-            slots.in_flight -= 1
-            slots.semaphore.release()
+            async with replica.use():
+                reply = await self._post(url, request, body, deadline)
+            return self._read(reply, url, protocol, request.include_reply)
+        except errors.ItemError as exc:
+            if exc.metadata.get("queuedSeconds") is None and queued:
+                exc.metadata["queuedSeconds"] = f"{queued:.3f}"
+            if isinstance(exc, Refused):
+                replica.refused()
+            raise
 
     async def _post(
         self,
         url: str,
-        name: str,
-        body: bytes,
         request: rollout_pb2.RunRequest,
-        timeout: float,
+        body: bytes,
         deadline: float | None,
-    ) -> nemo_gym.Reply:
-        """One `/run` POST with the rollout's timeout cut to what the RPC deadline leaves;
-        counted in the rollout latency metric. Raises ItemError."""
-        if deadline is not None:
-            left = time_left(deadline)
-            if left <= 0:
-                raise errors.ItemError(
-                    code_pb2.DEADLINE_EXCEEDED,
-                    errors.UPSTREAM_TIMEOUT,
-                    f"the RPC deadline passed before the rollout could be sent to {url}",
-                    upstreamUrl=url,
-                    retryable=False,
-                )
-            timeout = min(timeout, left)
+    ) -> Reply:
+        """One `/run` POST with the rollout's timeout cut to what the RPC deadline leaves
+        (`attempts.call_timeout`); counted in the rollout latency metric. Raises ItemError."""
+        timeout = attempts.call_timeout(request.timeout_seconds, self._default_timeout, deadline)
+        if timeout <= 0:
+            raise attempts.deadline_passed(
+                f"before the rollout could be sent to {url}", upstreamUrl=url
+            )
+        name = request.agent
         started = time.monotonic()
         try:
-            reply = await nemo_gym.post(
-                self._session,
-                url,
-                body,
-                timeout=timeout,
-                request_id=nemo_gym.request_id_header(request.request_id),
+            reply = await post(
+                self._session, url, body, timeout=timeout, request_id=request.request_id
             )
         except errors.ItemError as exc:
             self.metrics.rollout_call(name, exc.latency_seconds)
@@ -262,16 +215,15 @@ class Runner:
         return reply
 
     def _read(
-        self, reply: nemo_gym.Reply, url: str, protocol: str, include_reply: bool
-    ) -> tuple[agent_run.Ran, float]:
+        self, reply: Reply, url: str, protocol: str, include_reply: bool
+    ) -> tuple[Ran, float]:
         try:
             if reply.status != 200:
                 raise errors.run_status_error(reply.status, url, reply.body)
             if protocol == ENVIRONMENT:
                 ran = episodes.read_episode_reply(reply.body, url, include_reply)
             else:
-                parsed = nemo_gym.parse_reply(reply.body, url)
-                ran = agent_run.read_rollout(parsed, url, include_reply)
+                ran = read_rollout(parse_reply(reply.body, url), url, include_reply)
         except errors.ItemError as exc:
             exc.latency_seconds = reply.seconds
             raise
@@ -281,12 +233,12 @@ class Runner:
 def _not_started(exc: errors.ItemError) -> bool:
     """True when the failed attempt cannot have started the rollout: a refused connection
     (never sent) or an environment server's admission refusal."""
-    if isinstance(exc, nemo_gym.Refused):
+    if isinstance(exc, Refused):
         return True
     return exc.reason == errors.UPSTREAM_EPISODE_FAILED and exc.retryable
 
 
-def _response(request_id: str, ran: agent_run.Ran, seconds: float) -> rollout_pb2.RunResponse:
+def _response(request_id: str, ran: Ran, seconds: float) -> rollout_pb2.RunResponse:
     """The RunResponse of a finished rollout."""
     scored = ran.scored
     rollout = rollout_pb2.Rollout(

@@ -5,9 +5,11 @@ graceful drain."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,18 +19,15 @@ from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure, check_limits
-from nemo_gym_grpc.bridge.health import (
-    NOT_SERVING,
-    ROLLOUT_SERVICE_NAME,
-    SERVICE_NAME,
-    Readiness,
-)
+from nemo_gym_grpc.bridge.contract import SERVICES
+from nemo_gym_grpc.bridge.health import NOT_SERVING, Readiness
 from nemo_gym_grpc.bridge.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
 from nemo_gym_grpc.bridge.metrics import Metrics, start_metrics_server
+from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
 from nemo_gym_grpc.bridge.rollout_service import RolloutService, add_rollout_service
 from nemo_gym_grpc.bridge.runner import Runner
 from nemo_gym_grpc.bridge.service import VerifyService, add_verify_service
-from nemo_gym_grpc.bridge.upstreams import AGENT, AGENTS, ENVIRONMENT, Upstreams
+from nemo_gym_grpc.bridge.upstreams import AGENTS, Upstreams
 from nemo_gym_grpc.bridge.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -102,81 +101,33 @@ class Bridge:
 async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
     """Wire a bridge for `config` on the running event loop: routing tables (resources
     servers; agents and environment servers), interceptors (token auth, stream limit),
-    metrics, verifier, runner, services (VerifyService, RolloutService, health, reflection)
-    and the bound port. `config` is taken as checked (`check_exposure`,
+    metrics, the verify and run flows, services (VerifyService, RolloutService, health,
+    reflection) and the bound port. `config` is taken as checked (`check_exposure`,
     `check_limits`); `session` is used for every upstream call and must keep no cookies.
 
     Raises:
         RuntimeError: the listen address cannot be bound.
         OSError: a TLS file cannot be read.
     """
-    upstreams = Upstreams(config.servers, config.head_url, session)
-    agents = Upstreams(
-        {**config.agents, **config.environment_servers},
-        config.head_url,
-        session,
-        kind=AGENTS,
-        static_protocols={
-            **{name: AGENT for name in config.agents},
-            **{name: ENVIRONMENT for name in config.environment_servers},
-        },
-    )
+    upstreams, agents = _routing_tables(config, session)
     stream_limit = StreamLimitInterceptor(config.max_streams)
     interceptors: list[grpc.aio.ServerInterceptor] = [stream_limit]
     if config.token:
         interceptors.insert(0, BearerTokenInterceptor(config.token))
     server = grpc.aio.server(options=grpc_options(config), interceptors=interceptors)
     metrics = Metrics()
-    verifier = Verifier(
-        upstreams=upstreams,
-        session=session,
-        default_timeout=config.verify_timeout,
-        max_in_flight=config.max_in_flight,
-        retry=config.retry,
-        max_item_bytes=config.max_item_bytes,
-        session_servers=config.session_servers,
-        metrics=metrics,
-        rollout_correlation=config.rollout_correlation,
-    )
+    verifier, runner = _flows(config, session, upstreams, agents, metrics)
     metrics.watch(verifier.balancer, lambda: stream_limit.active)
-    verify_service = VerifyService(
-        verifier=verifier,
-        max_stream_items=config.max_stream_items,
-        max_batch_items=config.max_batch_items or config.max_stream_items,
-    )
-    add_verify_service(verify_service, server)
-    runner = Runner(
-        agents,
-        session,
-        default_timeout=config.run_timeout,
-        concurrency=config.agent_concurrency,
-        retry=config.retry,
-        max_item_bytes=config.max_item_bytes,
-        metrics=metrics,
-    )
     metrics.watch_rollouts(runner.load)
-    rollout_service = RolloutService(
-        runner,
-        max_stream_items=config.max_stream_items,
-        max_batch_items=config.max_batch_items or config.max_stream_items,
-    )
-    add_rollout_service(rollout_service, server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", SERVICE_NAME, ROLLOUT_SERVICE_NAME):  # the servicer starts "" SERVING
-        await health_servicer.set(name, NOT_SERVING)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, ROLLOUT_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
-        server,
-    )
+    limits = {
+        "max_stream_items": config.max_stream_items,
+        "max_batch_items": config.max_batch_items or config.max_stream_items,
+    }
+    add_verify_service(VerifyService(verifier, **limits), server)
+    add_rollout_service(RolloutService(runner, **limits), server)
+    health_servicer = await _add_health(server)
     credentials = _credentials(config)
-    try:
-        if credentials:
-            port = server.add_secure_port(config.listen, credentials)
-        else:
-            port = server.add_insecure_port(config.listen)
-    except RuntimeError as exc:
-        raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from None
+    port = _bind(server, config, credentials)
     readiness = Readiness(
         health_servicer, upstreams, session, config.health_interval, agents=agents
     )
@@ -190,6 +141,120 @@ async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
         verifier=verifier,
         runner=runner,
     )
+
+
+def _routing_tables(
+    config: BridgeConfig, session: aiohttp.ClientSession
+) -> tuple[Upstreams, Upstreams]:
+    """The RESOURCES table (`--server`) and the AGENTS table (`--agent`,
+    `--environment-server`), both discovering from `--head-url`."""
+    upstreams = Upstreams(config.servers, config.head_url, session)
+    agents = Upstreams(
+        {**config.agents, **config.environment_servers},
+        config.head_url,
+        session,
+        kind=AGENTS,
+        static_protocols={
+            **{name: AGENT for name in config.agents},
+            **{name: ENVIRONMENT for name in config.environment_servers},
+        },
+    )
+    return upstreams, agents
+
+
+def _flows(
+    config: BridgeConfig,
+    session: aiohttp.ClientSession,
+    upstreams: Upstreams,
+    agents: Upstreams,
+    metrics: Metrics,
+) -> tuple[Verifier, Runner]:
+    """The verify flow over `upstreams` and the run flow over `agents`."""
+    verifier = Verifier(
+        upstreams=upstreams,
+        session=session,
+        default_timeout=config.verify_timeout,
+        max_in_flight=config.max_in_flight,
+        retry=config.retry,
+        max_item_bytes=config.max_item_bytes,
+        session_servers=config.session_servers,
+        metrics=metrics,
+        rollout_correlation=config.rollout_correlation,
+    )
+    runner = Runner(
+        agents,
+        session,
+        default_timeout=config.run_timeout,
+        concurrency=config.agent_concurrency,
+        retry=config.retry,
+        max_item_bytes=config.max_item_bytes,
+        metrics=metrics,
+    )
+    return verifier, runner
+
+
+async def _add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
+    """Health checking (every service NOT_SERVING until the first readiness round) and
+    reflection of the bridge's services."""
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    names = tuple(service.full_name for service in SERVICES)
+    for name in ("", *names):  # the servicer starts "" SERVING
+        await servicer.set(name, NOT_SERVING)
+    reflection.enable_server_reflection(
+        (*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    return servicer
+
+
+def _bind(
+    server: grpc.aio.Server, config: BridgeConfig, credentials: grpc.ServerCredentials | None
+) -> int:
+    """Bind `config.listen`; returns the port.
+
+    Raises:
+        RuntimeError: "cannot listen on ...", naming the cause.
+    """
+    check_free(config.listen, config.reuse_port)
+    try:
+        if credentials:
+            return server.add_secure_port(config.listen, credentials)
+        return server.add_insecure_port(config.listen)
+    except RuntimeError as exc:
+        raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from None
+
+
+def check_free(listen: str, reuse_port: bool) -> None:
+    """Refuse a `listen` address that another socket listens on, before gRPC tries it: gRPC's
+    core would log a line of its own and raise only "Failed to bind". Each address `listen`
+    resolves to is bound as gRPC binds it (SO_REUSEADDR; SO_REUSEPORT for `--workers`), then
+    released; like gRPC, one free address is enough. Port 0 and unix: sockets pass.
+
+    Raises:
+        RuntimeError: "cannot listen on LISTEN: address already in use".
+    """
+    host, _, port = listen.rpartition(":")
+    if listen.startswith("unix:") or port == "0":
+        return
+    try:
+        found = socket.getaddrinfo(
+            host.strip("[]"), int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (OSError, ValueError):
+        return  # gRPC says what is wrong with it
+    for family, kind, protocol, _, address in found:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    continue
+            return
+    if found:
+        raise RuntimeError(f"cannot listen on {listen}: address already in use")
 
 
 def _session() -> aiohttp.ClientSession:

@@ -1,9 +1,12 @@
 """The machinery of a bidirectional batch stream (VerifyStream, RunStream): batches of items in,
-each item answered by its own task, results out in completion order, batched as they finish.
+each item answered by its own task, results out in completion order, batched as they finish;
+and of the unary call of the same family (Verify, Run).
 
-`serve` is the whole handler body; a service passes what differs between streams (`Kind`):
-how one item is answered, how a refused duplicate is answered, the response message type and
-the names used in messages and logs.
+`serve` is the whole body of a stream handler, `unary` that of a unary one; a service passes
+what differs between families (`Kind`): how one item is answered, how a refused duplicate is
+answered, the response message type, the stream's limits and the names used in messages and
+logs. A unary request is parsed by `lenient`: one that breaks proto3's rules (e.g. invalid
+UTF-8 in a string field) gets INVALID_ARGUMENT instead of gRPC's own UNKNOWN.
 
 Semantics (verify.proto's VerifyStream, rollout.proto's RunStream): every item read gets
 exactly one result; `request_id`s must be unique among the items in flight (a duplicate gets
@@ -50,6 +53,13 @@ class Kind(Generic[Item, Result]):
         rpc: the RPC's name, for logs ("VerifyStream").
         event: the `event` of the log record written when a stream ends.
         answered: what "run" means for the items, for messages ("scored", "run").
+        max_stream_items: most items one stream holds at once (in flight or with a result
+            not yet sent). A client that sends faster waits: the reader stops reading, so
+            gRPC flow control slows the sender and memory stays bounded.
+        max_batch_items: most items in one stream request message; a bigger message ends
+            the stream with RESOURCE_EXHAUSTED naming `--max-batch-items` (the items read
+            before it are answered first).
+        log: where the end of each stream is logged.
     """
 
     answer: Callable[[Item, float | None], Awaitable[Result]]
@@ -59,6 +69,46 @@ class Kind(Generic[Item, Result]):
     rpc: str
     event: str
     answered: str
+    max_stream_items: int
+    max_batch_items: int
+    log: logging.Logger
+
+
+@dataclass(frozen=True)
+class Unparsable:
+    """A unary request message that could not be parsed (`lenient`): its type's name and the
+    error."""
+
+    name: str
+    error: DecodeError
+
+
+def lenient(message: type[Item]) -> Callable[[bytes], Item | Unparsable]:
+    """The request deserializer of a unary RPC taking `message`: the parsed message, or
+    `Unparsable` where gRPC's own parsing would end the call UNKNOWN before any handler runs
+    (`unary` answers it INVALID_ARGUMENT)."""
+
+    def parse(raw: bytes) -> Item | Unparsable:
+        try:
+            return message.FromString(raw)
+        except DecodeError as exc:
+            return Unparsable(message.DESCRIPTOR.name, exc)
+
+    return parse
+
+
+async def unary(
+    kind: Kind[Item, Result], request: Item | Unparsable, context: grpc.aio.ServicerContext
+) -> Result:
+    """The body of a unary handler: the item's result (`kind.answer`, under the call's
+    deadline), or the call aborted INVALID_ARGUMENT for a request `lenient` could not parse.
+    """
+    if isinstance(request, Unparsable):
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"the {request.name} could not be parsed ({request.error})",
+        )
+    return await kind.answer(request, call_deadline(context))
 
 
 def call_deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -71,10 +121,6 @@ async def serve(
     kind: Kind[Item, Result],
     request_iterator: AsyncIterable[Any],
     context: grpc.aio.ServicerContext,
-    *,
-    max_stream_items: int,
-    max_batch_items: int,
-    log: logging.Logger,
 ) -> AsyncIterator[Any]:
     """The body of a stream handler: yields the response messages (see the module docstring).
 
@@ -82,7 +128,7 @@ async def serve(
         the exception of `context.abort` when the stream is refused, and what reading the
         requests raised.
     """
-    stream = _Stream(kind, call_deadline(context), max_stream_items, max_batch_items)
+    stream = _Stream(kind, call_deadline(context))
     peer = context.peer()  # read now: the call may be gone when the stream ends
     started_at = time.monotonic()
     reader = asyncio.create_task(stream.read(request_iterator))
@@ -101,7 +147,7 @@ async def serve(
         # next await); shielded so that a second cancellation cannot cut the wait short.
         await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
         seconds = time.monotonic() - started_at
-        log.info(
+        kind.log.info(
             "%s ended: %d of %d results sent (%d failed) in %.3f s",
             kind.rpc,
             stream.sent,
@@ -157,18 +203,12 @@ class _Stream(Generic[Item, Result]):
         tasks: the item tasks still running.
     """
 
-    def __init__(
-        self,
-        kind: Kind[Item, Result],
-        deadline: float | None,
-        max_stream_items: int,
-        max_batch_items: int,
-    ) -> None:
+    def __init__(self, kind: Kind[Item, Result], deadline: float | None) -> None:
         self._kind = kind
         self._deadline = deadline
-        self._max_batch_items = max_batch_items
+        self._max_batch_items = kind.max_batch_items
         self._finished: asyncio.Queue[_Finished[Result] | None] = asyncio.Queue()  # None: end
-        self._slots = asyncio.Semaphore(max_stream_items)
+        self._slots = asyncio.Semaphore(kind.max_stream_items)
         self._in_flight_ids: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.accepted = 0

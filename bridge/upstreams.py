@@ -4,7 +4,7 @@ resources servers (`RESOURCES`), one for agent and environment servers (`AGENTS`
 Entries come only from configuration (`--server NAME=URL`, `--agent NAME=URL`,
 `--environment-server NAME=URL`, repeated with the same NAME for replicas) and from the NeMo
 Gym head server's `GET /global_config_dict_yaml` (one URL per instance name, read by
-`nemo_gym.global_servers`); the bridge never calls a URL taken from a request.
+`nemo_gym.head.global_servers`); the bridge never calls a URL taken from a request.
 """
 
 from __future__ import annotations
@@ -18,17 +18,33 @@ from dataclasses import dataclass, field
 import aiohttp
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import errors, nemo_gym
+from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.nemo_gym import head
 
 log = logging.getLogger(__name__)
 
 STATIC = "static"
 HEAD_SERVER = "head_server"
+# Seconds before a warning whose cause has not changed is logged again.
+REPEAT_WARNING_AFTER = 60.0
 
 
-# Protocols of the AGENTS table (RunRequest.agent routes to one of them).
-AGENT = "agent"
-ENVIRONMENT = "environment"
+class Repeats:
+    """Which repeats of a warning to log: the first, one whose text changed, and one every
+    REPEAT_WARNING_AFTER seconds while the same cause lasts (a head server that stays down is
+    not logged on every try)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[str, float]] = {}  # key -> (text, when logged)
+
+    def due(self, key: str, text: str) -> bool:
+        """True when the warning `text` about `key` (e.g. a URL) is to be logged now."""
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and last[0] == text and now - last[1] < REPEAT_WARNING_AFTER:
+            return False
+        self._last[key] = (text, now)
+        return True
 
 
 @dataclass(frozen=True)
@@ -37,7 +53,7 @@ class Kind:
 
     Attributes:
         noun: the servers' name in messages, e.g. "resources server".
-        blocks: {head-server config block: protocol} discovered (`nemo_gym.parse_servers`).
+        blocks: {head-server config block: protocol} discovered (`nemo_gym.head.parse_servers`).
         unknown_reason: the ErrorInfo reason of an unknown name (NOT_FOUND).
         field: the ErrorInfo metadata key that names the server.
         log_field: the log record field that names it.
@@ -52,18 +68,18 @@ class Kind:
 
 RESOURCES = Kind(
     "resources server",
-    nemo_gym.RESOURCES_SERVERS,
+    head.RESOURCES_SERVERS,
     errors.UNKNOWN_RESOURCES_SERVER,
     "resourcesServer",
     "resources_server",
 )
-AGENTS = Kind("agent", nemo_gym.AGENT_SERVERS, errors.UNKNOWN_AGENT, "agent", "agent")
+AGENTS = Kind("agent", head.AGENT_SERVERS, errors.UNKNOWN_AGENT, "agent", "agent")
 
 
 @dataclass
 class Upstream:
     """A routable server: its name, base URLs (no trailing slash), origin and protocol
-    ("" for resources servers; AGENT or ENVIRONMENT in the AGENTS table)."""
+    ("" for resources servers; `head.AGENT` or `head.ENVIRONMENT` in the AGENTS table)."""
 
     name: str
     urls: list[str] = field(default_factory=list)
@@ -120,6 +136,7 @@ class Upstreams:
         self.discovery_error: str | None = None
         # Whether a discovery has succeeded.
         self.discovered = False
+        self._repeats = Repeats()
 
     async def discover(self) -> dict[str, str]:
         """Fetch the head server's config and replace the discovered entries.
@@ -131,7 +148,7 @@ class Upstreams:
             return {}
         self._last_discovery = time.monotonic()
         try:
-            self._discovered = await nemo_gym.global_servers(
+            self._discovered = await head.global_servers(
                 self._session, self.head_url, self._timeout, self.kind.blocks
             )
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -185,8 +202,10 @@ class Upstreams:
                     )
                     try:
                         found = await self.discover()
-                    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                        log.warning("re-discovery from %s failed: %r", self.head_url, exc)
+                    except (aiohttp.ClientError, TimeoutError, ValueError):
+                        why = self.discovery_error or ""
+                        if self._repeats.due(self.head_url, why):
+                            log.warning("re-discovery from %s failed: %s", self.head_url, why)
                     else:
                         log.info("re-discovery found %d %ss", len(found), noun)
                 urls = self.get(name)

@@ -1,4 +1,6 @@
-"""The checks an item passes before any upstream call, and its encoding to HTTP bodies.
+"""The checks an item passes before any upstream call, and its encoding to HTTP bodies: a
+`VerifyRequest` here (`check_item`), with the rules every item shares (`check_envelope`, size,
+JSON); a `RunRequest`'s own rules are in `run_validation.py`.
 
 Pure: no I/O, no state. A failed check is that item's INVALID_ARGUMENT alone.
 """
@@ -13,8 +15,10 @@ from typing import Any
 from google.protobuf.message import Message
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import errors, nemo_gym
+from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import codec
+from nemo_gym_grpc.bridge.nemo_gym.sessions import seed_body
+from nemo_gym_grpc.bridge.nemo_gym.verify import build_verify_body
 from nemo_gym_grpc.v1 import verify_pb2
 
 # The VerifyRequest fields that carry JSON text.
@@ -41,16 +45,7 @@ def check_item(
             or holds a lone surrogate (a `"\\ud800"` escape: UTF-8 cannot encode it, and a
             NeMo Gym server answers such a body with HTTP 500).
     """
-    check_size(request, max_item_bytes)
-    if not request.request_id:  # always, so the outcome cannot depend on other items
-        raise errors.invalid_item("request_id is empty", field="request_id")
-    if not request.resources_server:
-        raise errors.invalid_item("resources_server is empty", field="resources_server")
-    if not (math.isfinite(request.timeout_seconds) and request.timeout_seconds >= 0):
-        raise errors.invalid_item(
-            f"timeout_seconds must be finite and >= 0, got {request.timeout_seconds!r}",
-            field="timeout_seconds",
-        )
+    check_envelope(request, "resources_server", max_item_bytes)
     row = json_object(request.row_json, "row_json") if request.row_json else None
     params = None
     if request.responses_create_params_json:
@@ -58,11 +53,31 @@ def check_item(
     response = (
         json_object(request.response_json, "response_json") if request.response_json else None
     )
-    body = nemo_gym.build_verify_body(request, row=row, params=params, response=response)
+    body = build_verify_body(request, row=row, params=params, response=response)
     payload = encode(body, zip(JSON_FIELDS, (row, params, response), strict=True))
     if request.seed_session or request.resources_server in session_servers:
-        return payload, nemo_gym.seed_body(body)  # a part of what encoded above
+        return payload, seed_body(body)  # a part of what encoded above
     return payload, None
+
+
+def check_envelope(request: Any, server_field: str, max_item_bytes: int) -> None:
+    """The checks of every item (`VerifyRequest`, `RunRequest`): its size (`check_size`), a
+    `request_id` and a server name (its field `server_field`) that are not empty, a finite
+    `timeout_seconds` >= 0.
+
+    Raises:
+        errors.ItemError: INVALID_ARGUMENT / ITEM_TOO_LARGE or INVALID_ITEM (metadata `field`).
+    """
+    check_size(request, max_item_bytes)
+    if not request.request_id:  # always, so the outcome cannot depend on other items
+        raise errors.invalid_item("request_id is empty", field="request_id")
+    if not getattr(request, server_field):
+        raise errors.invalid_item(f"{server_field} is empty", field=server_field)
+    if not (math.isfinite(request.timeout_seconds) and request.timeout_seconds >= 0):
+        raise errors.invalid_item(
+            f"timeout_seconds must be finite and >= 0, got {request.timeout_seconds!r}",
+            field="timeout_seconds",
+        )
 
 
 def check_size(request: Message, max_item_bytes: int) -> None:

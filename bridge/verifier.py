@@ -1,19 +1,18 @@
-"""One item -> NeMo Gym `POST /verify` on one of its server's replicas (after
-`POST /seed_session` when the item runs as a session; retried when the cause is transient) ->
-one `VerifyResponse`.
+"""The verify flow: one item -> NeMo Gym `POST /verify` on one of its server's replicas (after
+`POST /seed_session` when the item runs as a session) -> one `VerifyResponse`.
 
 The steps, top to bottom: check the item (`validation.check_item`), resolve its resources
-server (`Upstreams.resolve`), the attempt loop (`RetryPolicy`), read the reply
-(`nemo_gym.read_verify_reply`). Every call ends in exactly one `VerifyResponse`: the reward,
-or a per-item `error`. The only exception that escapes is `asyncio.CancelledError` (the RPC
-was cancelled); the in-flight HTTP request is then closed and its upstream slot freed.
+server (`Upstreams.resolve`), its attempts (`attempts.Attempts`; a transient failure is
+retried), each in one of its replica's slots, and read the reply
+(`nemo_gym.verify.read_verify_reply`). Every call ends in exactly one `VerifyResponse`: the
+reward, or a per-item `error`. The only exception that escapes is `asyncio.CancelledError` (the
+RPC was cancelled); the in-flight HTTP request is then closed and its upstream slot freed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,51 +20,18 @@ from dataclasses import dataclass
 import aiohttp
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import errors, nemo_gym, validation
+from nemo_gym_grpc.bridge import attempts, errors, validation
+from nemo_gym_grpc.bridge.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.balancer import Balancer, Replica, SlotTimeout
 from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
+from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation, sessions
+from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply, post
+from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, SEED_PATH
+from nemo_gym_grpc.bridge.nemo_gym.verify import VERIFY_PATH, Scored, read_verify_reply
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.v1 import verify_pb2
 
 log = logging.getLogger(__name__)
-
-# Kept back from the gRPC deadline so an item's answer still reaches the client in time: at
-# least DEADLINE_MARGIN seconds, or DEADLINE_MARGIN_SHARE of the time left when that is more
-# (on a busy machine, thousands of results cut at the deadline take more than 50 ms to send,
-# and the whole call then ends DEADLINE_EXCEEDED before they get their own UPSTREAM_TIMEOUT).
-# The one home of this rule is `time_left`; the runner (RunStream) uses it too.
-DEADLINE_MARGIN = 0.05
-DEADLINE_MARGIN_SHARE = 0.02
-
-
-def time_left(deadline: float, now: float | None = None) -> float:
-    """Seconds an upstream call started at `now` (default: `time.monotonic()`) may take so
-    that its answer still beats the RPC `deadline` (`time.monotonic()` seconds): the time left
-    less max(DEADLINE_MARGIN, DEADLINE_MARGIN_SHARE x the time left). <= 0: no time."""
-    left = deadline - (time.monotonic() if now is None else now)
-    return left - max(DEADLINE_MARGIN, DEADLINE_MARGIN_SHARE * left)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded retries with exponential backoff and full jitter.
-
-    Attributes:
-        attempts: most attempts per item, first one included (1 = no retries).
-        budget: most seconds from an item's first attempt to the start of its last one.
-        initial_backoff: seconds before the second attempt (before jitter).
-        max_backoff: cap on one backoff, seconds.
-    """
-
-    attempts: int
-    budget: float
-    initial_backoff: float = 0.1
-    max_backoff: float = 2.0
-
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number `attempt` (1 = the first) on a replica
-        already tried: uniform in [0, min(max_backoff, initial_backoff * 2**(attempt-1))]."""
-        return random.uniform(0.0, min(self.max_backoff, self.initial_backoff * 2 ** (attempt - 1)))
 
 
 class Verifier:
@@ -80,7 +46,7 @@ class Verifier:
         max_in_flight: most concurrent calls per upstream base URL (replica). Further items
             wait for a slot; the wait does not count against their own timeout, only against
             the RPC deadline (and is reported as `queuedSeconds` when that cuts an item short).
-        retry: the retry policy.
+        retry: the retry policy (`attempts.RetryPolicy`).
         max_item_bytes: largest item accepted, in serialized bytes (`VerifyRequest.ByteSize()`);
             a bigger one fails alone with INVALID_ARGUMENT / ITEM_TOO_LARGE.
         session_servers: resources server names whose items always run as their own NeMo Gym
@@ -115,9 +81,9 @@ class Verifier:
         self._session_servers = frozenset(session_servers)
         self.metrics = metrics
         self.balancer = Balancer(max_in_flight)
-        self.capabilities = nemo_gym.Catalog(session)
+        self.capabilities = capabilities.Catalog(session)
         self._correlate = rollout_correlation
-        self._closer = nemo_gym.Closer(session, self._closed)
+        self._closer = sessions.Closer(session, self._closed)
         self._unseeded_warned: set[str] = set()
 
     async def aclose(self) -> None:
@@ -142,14 +108,8 @@ class Verifier:
         """
         try:
             scored, seconds = await self._verify(request, deadline)
-        except errors.ItemError as exc:
-            return self.failed(request, exc)
-        except Exception as exc:  # a bug here must not cost the item its outcome
-            log.exception("unexpected error scoring request_id=%r", request.request_id)
-            error = errors.ItemError(
-                code_pb2.INTERNAL, errors.BRIDGE_INTERNAL, f"bridge error: {exc!r}"
-            )
-            return self.failed(request, error)
+        except Exception as exc:  # every item gets its outcome, a bridge bug's included
+            return self.failed(request, errors.as_item_error(exc, request.request_id))
         self.metrics.item(request.resources_server, "OK", "")
         result = verify_pb2.VerifyResponse(
             request_id=request.request_id, reward=scored.reward, latency_seconds=seconds
@@ -173,64 +133,37 @@ class Verifier:
         if not self.upstreams.get(label):
             label = UNKNOWN_SERVER  # request text must not grow the label set
         self.metrics.item(label, code_pb2.Code.Name(error.code), error.reason)
-        failed = verify_pb2.VerifyResponse(
-            request_id=request.request_id, latency_seconds=error.latency_seconds
-        )
-        failed.error.CopyFrom(error.to_status())
-        return failed
+        return error.result(verify_pb2.VerifyResponse, request.request_id)
 
     async def _verify(
         self, request: verify_pb2.VerifyRequest, deadline: float | None
-    ) -> tuple[nemo_gym.Scored, float]:
+    ) -> tuple[Scored, float]:
         """(score, seconds of its `/verify` call), or ItemError."""
         payload, seed = validation.check_item(
             request, max_item_bytes=self._max_item_bytes, session_servers=self._session_servers
         )
         name = request.resources_server
         urls = await self.upstreams.resolve(name)
-        timeout = request.timeout_seconds or self._default_timeout
-        header = nemo_gym.request_id_header(request.request_id)
-        rollout = request.request_id if nemo_gym.rollout_prefix(request.request_id, 1) else ""
-        call = _Call(name, header, payload, seed, timeout, rollout)
-        policy = self._retry
-        bound = time.monotonic() + policy.budget
-        if deadline is not None:
-            bound = min(bound, deadline)
-        tried: list[str] = []
-        attempt = 1
+        call = _Call(
+            name, request.request_id, payload, seed, request.timeout_seconds, request.include_reply
+        )
+        tries = attempts.Attempts(self._retry, deadline, self.balancer, urls)
         while True:
-            # A replica the item has not tried yet gets the next attempt at once; else the
-            # attempt waits its backoff. No attempt starts after `bound`.
-            replica = self.balancer.pick(urls, tried)
-            tried.append(replica.url)
+            replica = tries.next()
             try:
-                return await self._attempt(replica, call, attempt, deadline, request.include_reply)
+                return await self._attempt(replica, call, tries.number, deadline)
             except errors.ItemError as exc:
-                exc.metadata["attempts"] = str(attempt)
-                if not exc.retryable or attempt >= policy.attempts:
-                    raise
-                delay = 0.0 if len(set(tried)) < len(urls) else policy.backoff(attempt)
-                if time.monotonic() + delay >= bound:
-                    raise
-                reason = exc.reason
-            if delay:
-                await asyncio.sleep(delay)
-            self.metrics.retry(name, reason)
-            attempt += 1
+                await tries.again(exc)  # raises it when it is final
+                self.metrics.retry(name, exc.reason)
 
     async def _attempt(
-        self,
-        replica: Replica,
-        call: _Call,
-        attempt: int,
-        deadline: float | None,
-        include_reply: bool,
-    ) -> tuple[nemo_gym.Scored, float]:
+        self, replica: Replica, call: _Call, attempt: int, deadline: float | None
+    ) -> tuple[Scored, float]:
         """Attempt number `attempt` (1 = the first) on one replica, in one of its slots:
         `/seed_session` (for a session; typed where the replica takes only that) then
         `/verify` with that reply's cookies, each under the rollout prefix where the replica
         takes it; then its reply read. A session opened is closed in the background
-        (`nemo_gym.Closer`).
+        (`sessions.Closer`).
 
         Raises:
             errors.ItemError: the `/verify` failure, or any `/seed_session` failure with
@@ -238,42 +171,39 @@ class Verifier:
                 when the replica's `/reverify_mode` is "unsupported" and the `/verify`
                 request may have reached it.
         """
-        wait = nemo_gym.capabilities.LEARN_TIMEOUT
+        wait = capabilities.LEARN_TIMEOUT
         if deadline is not None:
-            wait = min(wait, time_left(deadline))
+            wait = min(wait, attempts.time_left(deadline))
         caps = await self.capabilities.of(replica.url, wait)
-        prefix = ""
-        if self._correlate and caps.correlation and call.rollout_id:
-            prefix = nemo_gym.rollout_prefix(call.rollout_id, attempt)
+        base = replica.url  # + the rollout prefix: where this attempt's routes are
+        if self._correlate and caps.correlation:
+            base += correlation.rollout_prefix(call.request_id, attempt)
         if call.seed is None and caps.custom_seed:
             self._unseeded(call.name, replica.url)
-        url = replica.url + prefix + nemo_gym.VERIFY_PATH
+        url = base + VERIFY_PATH
         try:
-            async with replica.use(None if deadline is None else time_left(deadline)) as queued:
+            async with replica.use(attempts.slot_wait(deadline)) as queued:
                 cookie = ""
-                opened: nemo_gym.Opened | None = None
+                opened: sessions.Opened | None = None
                 if call.seed is not None:
-                    opened = nemo_gym.open_session(call.rollout_id, attempt)
-                    cookie = await self._seed(replica, call, caps, opened, prefix, deadline, queued)
+                    opened = sessions.open_session(call.request_id, attempt)
+                    cookie = await self._seed(replica, base, call, caps, opened, deadline, queued)
                 try:
-                    path, body = nemo_gym.VERIFY_PATH, call.payload
                     reply = await self._post(
-                        replica, path, call, body, cookie, deadline, queued, prefix
+                        replica, base, VERIFY_PATH, call, call.payload, cookie, deadline, queued
                     )
                 except errors.ItemError as exc:
-                    sent = not isinstance(exc, (nemo_gym.Refused, _NotSent))
-                    _no_reverify(exc, caps, sent)
+                    _no_reverify(exc, caps, sent=not isinstance(exc, (Refused, attempts.NotSent)))
                     raise
                 finally:
                     if opened is not None and caps.close_session:
-                        close = replica.url + prefix + nemo_gym.CLOSE_PATH
-                        self._closer.later(close, opened, cookie, call.request_id, call.name)
+                        self._close(base, opened, cookie, call)
         except SlotTimeout as exc:
             raise _slot_timeout(url, exc.queued) from None
         try:
             if reply.status != 200:
                 raise errors.http_status_error(reply.status, url, reply.body)
-            return nemo_gym.read_verify_reply(reply.body, url, include_reply), reply.seconds
+            return read_verify_reply(reply.body, url, call.include_reply), reply.seconds
         except errors.ItemError as exc:
             exc.latency_seconds = reply.seconds
             _no_reverify(exc, caps, sent=True)
@@ -282,15 +212,16 @@ class Verifier:
     async def _seed(
         self,
         replica: Replica,
+        base: str,
         call: _Call,
-        caps: nemo_gym.Capabilities,
-        opened: nemo_gym.Opened,
-        prefix: str,
+        caps: capabilities.Capabilities,
+        opened: sessions.Opened,
         deadline: float | None,
         queued: float,
     ) -> str:
-        """`/seed_session` for session `opened`; returns the `Cookie` header its reply sets.
-        A typed seed that may have reached the server is closed even when it failed.
+        """`/seed_session` at `base` (the replica's URL and the attempt's rollout prefix) for
+        session `opened`; returns the `Cookie` header its reply sets. A typed seed that may
+        have reached the server is closed even when it failed.
 
         Raises:
             errors.ItemError: with reason UPSTREAM_SESSION_FAILED.
@@ -298,30 +229,28 @@ class Verifier:
         assert call.seed is not None
         body = call.seed
         if caps.typed_seed_only:
-            body = nemo_gym.typed_seed_body(opened, call.name, call.rollout_id, call.seed)
+            body = sessions.typed_seed_body(opened, call.name, opened.rollout_id, call.seed)
         try:
-            seeded = await self._post(
-                replica, nemo_gym.SEED_PATH, call, body, "", deadline, queued, prefix
-            )
+            seeded = await self._post(replica, base, SEED_PATH, call, body, "", deadline, queued)
             if seeded.status != 200:
                 raise errors.http_status_error(
-                    seeded.status,
-                    replica.url + prefix + nemo_gym.SEED_PATH,
-                    seeded.body,
-                    errors.UPSTREAM_SESSION_FAILED,
+                    seeded.status, base + SEED_PATH, seeded.body, errors.UPSTREAM_SESSION_FAILED
                 )
         except errors.ItemError as exc:
             exc.reason = errors.UPSTREAM_SESSION_FAILED
-            sent = not isinstance(exc, (nemo_gym.Refused, _NotSent))
+            sent = not isinstance(exc, (Refused, attempts.NotSent))
             if sent and caps.typed_seed_only and caps.close_session:
-                close = replica.url + prefix + nemo_gym.CLOSE_PATH
-                self._closer.later(close, opened, "", call.request_id, call.name)
+                self._close(base, opened, "", call)
             raise
-        return nemo_gym.cookie_header(seeded.cookies)
+        return sessions.cookie_header(seeded.cookies)
+
+    def _close(self, base: str, opened: sessions.Opened, cookie: str, call: _Call) -> None:
+        """`/close_session` of `opened` at `base`, in the background."""
+        self._closer.later(base + CLOSE_PATH, opened, cookie, call.request_id, call.name)
 
     def _closed(self, name: str, reason: str, seconds: float) -> None:
         """Count one `/close_session` call (reason "" = closed)."""
-        self.metrics.call(name, nemo_gym.CLOSE_PATH, seconds)
+        self.metrics.call(name, CLOSE_PATH, seconds)
         self.metrics.close(name, reason)
 
     def _unseeded(self, name: str, url: str) -> None:
@@ -342,28 +271,25 @@ class Verifier:
     async def _post(
         self,
         replica: Replica,
+        base: str,
         path: str,
         call: _Call,
         body: bytes,
         cookie: str,
         deadline: float | None,
         queued: float,
-        prefix: str = "",
-    ) -> nemo_gym.Reply:
-        """One POST of `body` to `prefix + path` on `replica`, with the item's timeout cut to
-        what the RPC deadline leaves; counted in the latency metric under `path`. Raises
-        ItemError (`_NotSent` when the deadline passed before sending)."""
-        url = replica.url + prefix + path
-        timeout = call.timeout
-        if deadline is not None:
-            left = time_left(deadline)
-            if left < timeout:
-                timeout = left
-                if timeout <= 0:
-                    raise _slot_timeout(url, queued)
+    ) -> Reply:
+        """One POST of `body` to `base + path` on `replica`, with the item's timeout cut to
+        what the RPC deadline leaves (`attempts.call_timeout`); counted in the latency metric
+        under `path`. Raises ItemError (`attempts.NotSent` when the deadline passed before
+        sending)."""
+        url = base + path
+        timeout = attempts.call_timeout(call.timeout, self._default_timeout, deadline)
+        if timeout <= 0:
+            raise _slot_timeout(url, queued)
         started = time.monotonic()
         try:
-            reply = await nemo_gym.post(
+            reply = await post(
                 self._session,
                 url,
                 body,
@@ -373,7 +299,7 @@ class Verifier:
                 queued=queued,
             )
         except errors.ItemError as exc:
-            if isinstance(exc, nemo_gym.Refused):
+            if isinstance(exc, Refused):
                 replica.refused()  # passed over while another replica is available
             self.metrics.call(call.name, path, exc.latency_seconds)
             raise
@@ -384,23 +310,17 @@ class Verifier:
         return reply
 
 
-class _NotSent(errors.ItemError):
-    """The call was never sent (the RPC deadline passed before it could start)."""
-
-
-def _slot_timeout(url: str, queued: float) -> _NotSent:
-    """DEADLINE_EXCEEDED / UPSTREAM_TIMEOUT: the RPC deadline (less its margin) passed after
-    `queued` seconds waiting for a free upstream slot, before anything was sent to `url`."""
-    return _NotSent(
-        code_pb2.DEADLINE_EXCEEDED,
-        errors.UPSTREAM_TIMEOUT,
-        f"the RPC deadline passed while waiting {queued:.3f} s for a free slot to {url}",
+def _slot_timeout(url: str, queued: float) -> attempts.NotSent:
+    """The RPC deadline (less its margin) passed after `queued` seconds waiting for a free
+    upstream slot, before anything was sent to `url` (`attempts.deadline_passed`)."""
+    return attempts.deadline_passed(
+        f"while waiting {queued:.3f} s for a free slot to {url}",
         upstreamUrl=url,
         queuedSeconds=f"{queued:.3f}",
     )
 
 
-def _no_reverify(exc: errors.ItemError, caps: nemo_gym.Capabilities, sent: bool) -> None:
+def _no_reverify(exc: errors.ItemError, caps: capabilities.Capabilities, sent: bool) -> None:
     """Make a `/verify` failure final when the replica says re-running its `/verify` is not
     safe (`/reverify_mode` "unsupported") and the request may have reached it (`sent`)."""
     if sent and exc.retryable and caps.reverify_mode == "unsupported":
@@ -410,14 +330,14 @@ def _no_reverify(exc: errors.ItemError, caps: nemo_gym.Capabilities, sent: bool)
 
 @dataclass(slots=True)  # not frozen: one per item, and a frozen __init__ costs ~4 us more
 class _Call:
-    """What every attempt of one item sends: the resources server name, the `X-Request-Id`
-    header value, the `/verify` body, the `/seed_session` body (None = no session), the
-    per-call timeout in seconds, and the item's request_id when it is a valid NeMo Gym rollout
-    id (else ""). Never changed once made."""
+    """What every attempt of one item sends: the resources server name, the item's
+    request_id, the `/verify` body, the `/seed_session` body (None = no session), the item's
+    own per-call timeout in seconds (0 = the default), and whether its reply's other fields
+    are wanted. Never changed once made."""
 
     name: str
     request_id: str
     payload: bytes
     seed: bytes | None
     timeout: float
-    rollout_id: str = ""
+    include_reply: bool

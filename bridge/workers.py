@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from nemo_gym_grpc.bridge.config import BridgeConfig
-from nemo_gym_grpc.bridge.server import read_ready_file, run, write_ready_file
+from nemo_gym_grpc.bridge.server import check_free, read_ready_file, run, write_ready_file
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,9 @@ def _worker(config: BridgeConfig) -> int:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         run(config)
+    except (RuntimeError, ValueError, OSError) as exc:  # what `serve` raises: said in a line
+        log.error("worker %d: %s", os.getpid(), exc)
+        return 1
     except Exception:
         log.exception("worker %d failed", os.getpid())
         return 1
@@ -53,8 +56,10 @@ def run_workers(config: BridgeConfig, workers: int) -> int:
 
     Raises:
         OSError: no free port can be found for a `listen` with port 0, or the fork fails.
+        RuntimeError: another socket listens on `listen` (`server.check_free`).
     """
     listen = _resolve_port(config.listen)
+    check_free(listen, reuse_port=True)  # one line here rather than one per worker
     ready_files: list[Path] = []  # one per worker, if `config.ready_file` is set
     children: dict[int, int] = {}
     for index in range(workers):
@@ -78,6 +83,19 @@ def run_workers(config: BridgeConfig, workers: int) -> int:
             os._exit(_worker(child_config))
         children[pid] = index
     log.info("started %d workers on %s: pids %s", workers, listen, sorted(children))
+    try:
+        return _supervise(config, children, listen, ready_files)
+    finally:
+        for ready in ready_files:
+            ready.unlink(missing_ok=True)
+
+
+def _supervise(
+    config: BridgeConfig, children: dict[int, int], listen: str, ready_files: list[Path]
+) -> int:
+    """Forward SIGTERM/SIGINT to `children` (pid -> worker index) and wait for them all to
+    exit; write the ready file once every worker's is there. Returns the worst exit status
+    (0 or 1)."""
 
     def forward(signum: int, _frame: object) -> None:
         for pid in children:
@@ -108,6 +126,4 @@ def run_workers(config: BridgeConfig, workers: int) -> int:
             forward(signal.SIGTERM, None)
             parent = os.getppid()
         time.sleep(0.1)
-    for ready in ready_files:
-        ready.unlink(missing_ok=True)
     return status

@@ -22,10 +22,11 @@ import pytest
 from aiohttp import web
 from google.rpc import error_details_pb2
 
-from nemo_gym_grpc.bridge import nemo_gym
+from nemo_gym_grpc.bridge.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.metrics import Metrics
+from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation
 from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.bridge.verifier import RetryPolicy, Verifier
+from nemo_gym_grpc.bridge.verifier import Verifier
 from nemo_gym_grpc.v1 import verify_pb2
 
 PREFIX = re.compile(r"^/ng-rollout/([A-Za-z0-9][A-Za-z0-9._-]*)(/.*)$")
@@ -131,23 +132,23 @@ async def until(condition, seconds: float = 5.0) -> None:
 
 
 def test_what_an_openapi_document_shows():
-    assert nemo_gym.read_openapi(openapi(TYPED, "/close_session")) == nemo_gym.Capabilities(
+    assert capabilities.read_openapi(openapi(TYPED, "/close_session")) == capabilities.Capabilities(
         typed_seed_only=True, close_session=True, learned=True
     )
-    both = nemo_gym.read_openapi(openapi({"anyOf": [TYPED, LEGACY]}, "/close_session"))
+    both = capabilities.read_openapi(openapi({"anyOf": [TYPED, LEGACY]}, "/close_session"))
     assert not both.typed_seed_only and not both.custom_seed and both.close_session
-    custom = nemo_gym.read_openapi(openapi(CUSTOM))
+    custom = capabilities.read_openapi(openapi(CUSTOM))
     assert custom.custom_seed and not custom.typed_seed_only and not custom.close_session
-    assert nemo_gym.read_openapi({"paths": 7}) == nemo_gym.Capabilities(learned=True)
+    assert capabilities.read_openapi({"paths": 7}) == capabilities.Capabilities(learned=True)
 
 
 def test_the_rollout_prefix_is_the_episode_capture_key_and_only_for_valid_ids():
-    assert nemo_gym.rollout_prefix("batch-3.7_x", 1) == "/ng-rollout/batch-3.7_x"
-    assert nemo_gym.rollout_prefix("batch-3", 2) == "/ng-rollout/batch-3-a1"
-    assert nemo_gym.rollout_prefix("batch-3", 4) == "/ng-rollout/batch-3-a3"
+    assert correlation.rollout_prefix("batch-3.7_x", 1) == "/ng-rollout/batch-3.7_x"
+    assert correlation.rollout_prefix("batch-3", 2) == "/ng-rollout/batch-3-a1"
+    assert correlation.rollout_prefix("batch-3", 4) == "/ng-rollout/batch-3-a3"
     for bad in ("", ".x", "-x", "a/b", "a b", "é", "x-a1", "x-a12"):
-        assert nemo_gym.rollout_prefix(bad, 1) == ""
-    assert nemo_gym.rollout_prefix("x-a0", 1) == "/ng-rollout/x-a0"  # not the reserved form
+        assert correlation.rollout_prefix(bad, 1) == ""
+    assert correlation.rollout_prefix("x-a0", 1) == "/ng-rollout/x-a0"  # not the reserved form
 
 
 async def test_a_typed_only_server_gets_typed_seed_and_close_under_the_rollout_prefix():
@@ -191,7 +192,7 @@ async def test_a_server_that_takes_both_gets_the_legacy_seed_and_a_close():
     seed, close = server.seen[0][2], server.seen[2][2]
     assert "resources_session_id" not in seed and seed["question"] == "q"
     rollout = close["episode_id"]["rollout_id"]
-    assert rollout == close["resources_session_id"] and nemo_gym.rollout_prefix(rollout, 1)
+    assert rollout == close["resources_session_id"] and correlation.rollout_prefix(rollout, 1)
 
 
 async def test_a_04_server_gets_plain_routes_and_no_close():
@@ -283,12 +284,12 @@ async def test_a_hanging_close_is_cancelled_on_drain():
 
 
 async def test_an_openapi_that_never_answers_costs_one_bounded_wait_then_legacy(monkeypatch):
-    monkeypatch.setattr(nemo_gym.capabilities, "LEARN_TIMEOUT", 0.3)
+    monkeypatch.setattr(capabilities, "LEARN_TIMEOUT", 0.3)
     async with Stand7(openapi(TYPED, "/close_session", "/reverify_mode")) as server:
         server.openapi_hang = True
         async with aiohttp.ClientSession() as session:
             bridge = verifier(session, server.url)
-            bridge.capabilities = nemo_gym.Catalog(session, timeout=0.3)
+            bridge.capabilities = capabilities.Catalog(session, timeout=0.3)
             loop = asyncio.get_running_loop()
             started = loop.time()
             result = await bridge.verify(item("r"), None)

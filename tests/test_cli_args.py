@@ -97,6 +97,8 @@ def test_the_process_exits_2_on_a_bad_value():
         ("--listen", "127.0.0.1:99999"),
         ("--listen", "127.0.0.1:http"),
         ("--listen", "::1:50051"),  # IPv6 needs brackets
+        ("--head-url", "127.0.0.1:28013"),  # no scheme: refused like a --server URL
+        ("--head-url", "ftp://127.0.0.1:28013"),
     ],
 )
 def test_serve_refuses_bad_values(main, flag, value):
@@ -127,6 +129,13 @@ def test_serve_refuses_a_token_file_it_cannot_read(main, tmp_path):
     empty = tmp_path / "token"
     empty.write_text("\n")
     assert_refused(main("serve", "--token-file", str(empty)), "--token-file", "is empty")
+
+
+@pytest.mark.parametrize("flag", ["--tls-cert", "--tls-key", "--tls-client-ca"])
+def test_serve_refuses_a_tls_file_it_cannot_read(main, tmp_path, flag):
+    missing = str(tmp_path / "missing.pem")
+    assert_refused(main("serve", flag, missing), f"argument {flag}", missing)
+    assert_refused(main("serve", flag, str(tmp_path)), f"argument {flag}", str(tmp_path))
 
 
 def test_serve_accepts_ipv6_listen_and_zero_where_zero_means_something(tmp_path):
@@ -204,6 +213,8 @@ def test_serve_refuses_a_bad_environment_value_naming_the_variable(main, monkeyp
         ("NEMO_GYM_GRPC_INSECURE", "maybe"),
         ("NEMO_GYM_GRPC_LOG_FORMAT", "xml"),
         ("NEMO_GYM_GRPC_WORKERS", "two"),
+        ("NEMO_GYM_GRPC_HEAD_URL", "127.0.0.1:28013"),
+        ("NEMO_GYM_GRPC_TLS_CERT", "/nonexistent/cert.pem"),
     ],
 )
 def test_bad_environment_values_exit_2_like_bad_flags(monkeypatch, capsys, name, value):

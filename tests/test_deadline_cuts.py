@@ -16,7 +16,7 @@ import pytest
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.nemo_gym import read_verify_reply
+from nemo_gym_grpc.bridge.nemo_gym.verify import read_verify_reply
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.bridge.verifier import Verifier
 from nemo_gym_grpc.v1 import verify_pb2

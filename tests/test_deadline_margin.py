@@ -1,11 +1,11 @@
-"""`verifier.time_left`: what an upstream call may take before the RPC deadline (the margin
+"""`attempts.time_left`: what an upstream call may take before the RPC deadline (the margin
 kept back is 50 ms, or 2% of the time left when that is more)."""
 
 from __future__ import annotations
 
 import pytest
 
-from nemo_gym_grpc.bridge.verifier import time_left
+from nemo_gym_grpc.bridge.attempts import time_left
 
 
 @pytest.mark.parametrize(

@@ -22,10 +22,10 @@ import pytest
 import requests
 from google.rpc import code_pb2
 
+from nemo_gym_grpc.bridge.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.config import BridgeConfig
-from nemo_gym_grpc.bridge.nemo_gym import completion_response
+from nemo_gym_grpc.bridge.nemo_gym.verify import completion_response
 from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.bridge.verifier import RetryPolicy
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port, start_bridge
 from tests.support.fault_proxy import Fault, FaultProxy

@@ -9,7 +9,7 @@ import json
 import grpc
 import pytest
 
-from nemo_gym_grpc.bridge.nemo_gym import completion_response
+from nemo_gym_grpc.bridge.nemo_gym.verify import completion_response
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import example_rows
 

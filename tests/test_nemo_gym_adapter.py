@@ -10,27 +10,29 @@ import pytest
 from aiohttp import web
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import errors, nemo_gym
+from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.metrics import Metrics
+from nemo_gym_grpc.bridge.nemo_gym import http, sessions, verify
 from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.bridge.verifier import RetryPolicy, Verifier
+from nemo_gym_grpc.bridge.verifier import Verifier
 from nemo_gym_grpc.v1 import verify_pb2
 
 URL = "http://127.0.0.1:1/verify"
 
 
 def test_the_request_id_header_is_the_id_when_printable_ascii_else_percent_encoded():
-    assert nemo_gym.request_id_header("batch-0 7") == "batch-0 7"
-    assert nemo_gym.request_id_header("é\r\n") == "%C3%A9%0D%0A"
-    assert nemo_gym.request_id_header("x" * 500) == "x" * 200
+    assert http.request_id_header("batch-0 7") == "batch-0 7"
+    assert http.request_id_header("é\r\n") == "%C3%A9%0D%0A"
+    assert http.request_id_header("x" * 500) == "x" * 200
 
 
 def test_a_reply_gives_its_reward_components_and_only_on_request_its_other_fields():
     raw = json.dumps(
         {"reward": 1, "reward_components": {"a": 0.5}, "response": {}, "extracted": "B"}
     ).encode()
-    assert nemo_gym.read_verify_reply(raw, URL, False) == nemo_gym.Scored(1.0, {"a": 0.5}, "")
-    scored = nemo_gym.read_verify_reply(raw, URL, True)
+    assert verify.read_verify_reply(raw, URL, False) == verify.Scored(1.0, {"a": 0.5}, "")
+    scored = verify.read_verify_reply(raw, URL, True)
     assert json.loads(scored.reply_json) == {"extracted": "B"}
 
 
@@ -58,7 +60,7 @@ def test_a_reply_gives_its_reward_components_and_only_on_request_its_other_field
 )
 def test_a_reply_without_a_usable_reward_is_a_failure_that_is_not_retried(reply, code, reason):
     with pytest.raises(errors.ItemError) as caught:
-        nemo_gym.read_verify_reply(reply, URL, False)
+        verify.read_verify_reply(reply, URL, False)
     assert (caught.value.code, caught.value.reason) == (code, reason)
     assert not caught.value.retryable and caught.value.metadata["upstreamUrl"] == URL
 
@@ -157,7 +159,7 @@ MASKED_07 = {
 @pytest.mark.parametrize("case", sorted(SCORED_07))
 def test_a_failure_kind_without_a_mask_keeps_its_reward_and_carries_the_diagnostics(case):
     reply, reward = SCORED_07[case]
-    scored = nemo_gym.read_verify_reply(json.dumps(reply).encode(), URL, True)
+    scored = verify.read_verify_reply(json.dumps(reply).encode(), URL, True)
     assert scored.reward == reward
     assert scored.failure_kind == (reply.get("failure_kind") or "")
     assert scored.failure_reason == (reply.get("failure_reason") or "")
@@ -167,7 +169,7 @@ def test_a_failure_kind_without_a_mask_keeps_its_reward_and_carries_the_diagnost
 def test_a_masked_reply_is_a_failure_naming_its_kind_and_reason_never_retried(case):
     reply, code, reason, metadata, ending = MASKED_07[case]
     with pytest.raises(errors.ItemError) as caught:
-        nemo_gym.read_verify_reply(json.dumps(reply).encode(), URL, True)
+        verify.read_verify_reply(json.dumps(reply).encode(), URL, True)
     error = caught.value
     assert (error.code, error.reason, error.retryable) == (code, reason, False)
     for key, value in metadata.items():
@@ -184,19 +186,19 @@ def test_failure_texts_are_cut_and_made_utf8():
         "failure_kind": "k" * 500,
         "failure_reason": "\ud800" + "r" * 5000,
     }
-    scored = nemo_gym.read_verify_reply(json.dumps(reply).encode(), URL, False)
-    assert scored.failure_kind == "k" * nemo_gym.MAX_FAILURE_KIND
-    assert len(scored.failure_reason) == nemo_gym.MAX_FAILURE_REASON
+    scored = verify.read_verify_reply(json.dumps(reply).encode(), URL, False)
+    assert scored.failure_kind == "k" * verify.MAX_FAILURE_KIND
+    assert len(scored.failure_reason) == verify.MAX_FAILURE_REASON
     assert scored.failure_reason.startswith("\ufffdrrr")
     with pytest.raises(errors.ItemError) as caught:
-        nemo_gym.read_verify_reply(json.dumps({**reply, "mask_sample": True}).encode(), URL, False)
-    assert len(caught.value.metadata["failureReason"]) == nemo_gym.MAX_FAILURE_REASON
+        verify.read_verify_reply(json.dumps({**reply, "mask_sample": True}).encode(), URL, False)
+    assert len(caught.value.metadata["failureReason"]) == verify.MAX_FAILURE_REASON
     assert len(caught.value.message) < 500  # the message holds the first 200 characters
 
 
 def test_the_seed_body_is_the_verify_body_without_the_response():
     body = {"question": "é", "responses_create_params": {"input": []}, "response": {}}
-    assert json.loads(nemo_gym.seed_body(body)) == {
+    assert json.loads(sessions.seed_body(body)) == {
         "question": "é",
         "responses_create_params": {"input": []},
     }

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from nemo_gym_grpc.bridge.verifier import RetryPolicy
+from nemo_gym_grpc.bridge.attempts import RetryPolicy
 
 
 @pytest.mark.parametrize(

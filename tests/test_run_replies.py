@@ -19,11 +19,11 @@ import yaml
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.nemo_gym import AGENT_SERVERS, parse_reply, parse_servers
 from nemo_gym_grpc.bridge.nemo_gym.episodes import read_episode_reply
+from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, AGENT_SERVERS, ENVIRONMENT, parse_servers
 from nemo_gym_grpc.bridge.nemo_gym.run import read_rollout
+from nemo_gym_grpc.bridge.nemo_gym.verify import parse_reply
 from nemo_gym_grpc.bridge.run_validation import check_body, check_run
-from nemo_gym_grpc.bridge.upstreams import AGENT, ENVIRONMENT
 from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
 URL = "http://127.0.0.1:9/run"

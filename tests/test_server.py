@@ -1,9 +1,15 @@
-"""`server.build` wires a bridge in-process (no subprocess, no NeMo Gym); the ready file."""
+"""`server.build` wires a bridge in-process (no subprocess, no NeMo Gym); the ready file; a
+listen port that is taken."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+
 import aiohttp
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nemo_gym_grpc.bridge.config import BridgeConfig
@@ -39,3 +45,37 @@ def test_the_ready_file_holds_the_address_once_written(tmp_path):
     assert path.read_text() == "127.0.0.1:5\n"
     assert read_ready_file(path) == "127.0.0.1:5"
     assert [p.name for p in tmp_path.iterdir()] == ["ready"]  # no temporary file left
+
+
+@pytest.fixture
+def taken_port():
+    """A loopback port another socket listens on (as gRPC binds: SO_REUSEADDR)."""
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+async def test_build_on_a_taken_port_says_so_in_one_line(taken_port):
+    config = BridgeConfig(listen=f"127.0.0.1:{taken_port}")
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(RuntimeError) as raised:
+            await build(config, session)
+    assert str(raised.value) == f"cannot listen on 127.0.0.1:{taken_port}: address already in use"
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_on_a_taken_port_writes_only_the_one_clear_line(taken_port, workers):
+    listen = f"127.0.0.1:{taken_port}"
+    done = subprocess.run(
+        [sys.executable, "-m", "nemo_gym_grpc.bridge", "serve", "--listen", listen]
+        + ["--server", "a=http://127.0.0.1:1", "--workers", workers],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"nemo-gym-grpc: cannot listen on {listen}: address already in use"
+    ], done.stderr

@@ -19,7 +19,7 @@ import grpc
 import pytest
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import nemo_gym as gym_api
+from nemo_gym_grpc.bridge.nemo_gym import capabilities, http, sessions
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port, example_rows, start_bridge
 from tests.support.fault_proxy import FaultProxy
@@ -201,7 +201,7 @@ def test_each_session_is_closed_once_and_calls_carry_the_rollout_id_on_07_only(n
 
 async def test_what_the_bridge_learns_of_the_real_servers(nemo_gym):
     async with aiohttp.ClientSession() as session:
-        catalog = gym_api.Catalog(session)
+        catalog = capabilities.Catalog(session)
         counter = await catalog.of(nemo_gym.server_urls[SERVER], 10)
         mcqa = await catalog.of(nemo_gym.server_urls["mcqa"], 10)
     assert counter.learned and counter.custom_seed and not counter.typed_seed_only
@@ -230,19 +230,17 @@ async def test_the_typed_seed_and_close_the_bridge_builds_are_accepted_by_the_re
     bridge sends a typed-only server is checked here against the real schema (extra=forbid)."""
     url = nemo_gym.server_urls["mcqa"]
     row = example_rows("mcqa")[0]
-    opened = gym_api.open_session("typed-1", 1)
-    legacy = gym_api.seed_body(dict(row, response={}))
-    typed = gym_api.typed_seed_body(opened, "mcqa", "typed-1", legacy)
+    opened = sessions.open_session("typed-1", 1)
+    legacy = sessions.seed_body(dict(row, response={}))
+    typed = sessions.typed_seed_body(opened, "mcqa", "typed-1", legacy)
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
-        seeded = await gym_api.post(
-            session, url + "/seed_session", typed, timeout=10, request_id="t"
-        )
+        seeded = await http.post(session, url + "/seed_session", typed, timeout=10, request_id="t")
         assert seeded.status == 200, seeded.body
         assert json.loads(seeded.body)["resources_session_id"] == opened.session_id
-        cookie = gym_api.cookie_header(seeded.cookies)
+        cookie = sessions.cookie_header(seeded.cookies)
         assert cookie
-        body = gym_api.close_body(opened.session_id, opened.episode)
-        closed = await gym_api.post(
+        body = sessions.close_body(opened.session_id, opened.episode)
+        closed = await http.post(
             session, url + "/close_session", body, timeout=10, request_id="t", cookie=cookie
         )
     assert closed.status == 200, closed.body

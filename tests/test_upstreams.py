@@ -1,10 +1,12 @@
-"""Head-server discovery: the double-encoded /global_config_dict_yaml reply, and what an
-unknown name resolves to (head server unreachable vs name absent)."""
+"""Head-server discovery: the double-encoded /global_config_dict_yaml reply, what an
+unknown name resolves to (head server unreachable vs name absent), and how an unreachable
+head server is logged."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -13,10 +15,12 @@ import requests
 import yaml
 from aiohttp import web
 from google.rpc import code_pb2
+from grpc_health.v1 import health
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.nemo_gym import parse_global_config
-from nemo_gym_grpc.bridge.upstreams import Upstreams
+from nemo_gym_grpc.bridge.health import Readiness
+from nemo_gym_grpc.bridge.nemo_gym.head import parse_global_config
+from nemo_gym_grpc.bridge.upstreams import AGENTS, Upstreams
 from tests.support import closed_port
 
 
@@ -161,3 +165,21 @@ def test_without_a_head_server_an_unknown_name_is_not_found():
 
     error = asyncio.run(run())
     assert (error.code, error.reason) == (code_pb2.NOT_FOUND, errors.UNKNOWN_RESOURCES_SERVER)
+
+
+async def test_an_unreachable_head_server_is_one_readable_line_not_one_per_round(caplog):
+    head = f"http://127.0.0.1:{closed_port()}"
+    async with aiohttp.ClientSession() as session:
+        tables = Upstreams({}, head, session), Upstreams({}, head, session, kind=AGENTS)
+        readiness = Readiness(
+            health.aio.HealthServicer(), tables[0], session, interval=0.05, agents=tables[1]
+        )
+        with caplog.at_level(logging.INFO, logger="nemo_gym_grpc.bridge"):
+            rounds = asyncio.create_task(readiness.run())
+            await asyncio.sleep(1.0)  # about 20 rounds, each failing for both tables
+            rounds.cancel()
+            await asyncio.gather(rounds, return_exceptions=True)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert head in warned[0] and "Cannot connect to host" in warned[0]
+    assert "ConnectionKey(" not in warned[0] and "Error(" not in warned[0]  # no raw repr

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -25,17 +24,13 @@ from typing import Any
 
 import aiohttp
 
+from nemo_gym_grpc.bridge.nemo_gym.correlation import ROLLOUT_PREFIX
 from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, SEED_PATH
 
 log = logging.getLogger(__name__)
 
 OPENAPI_PATH = "/openapi.json"
 REVERIFY_PATH = "/reverify_mode"
-ROLLOUT_PREFIX = "/ng-rollout/"
-# NeMo Gym's rollout id (`rollout_correlation.ROLLOUT_ID_PATTERN`) and the attempt suffix its
-# `EpisodeId` reserves (a rollout id may not end with it).
-ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-ATTEMPT_SUFFIX = re.compile(r"-a[1-9][0-9]*$")
 PROBE_ID = "nemo-gym-grpc-probe"
 # Seconds an item waits for its replica's capabilities (then it goes on as on 0.4).
 LEARN_TIMEOUT = 2.0
@@ -89,17 +84,6 @@ def read_openapi(doc: Mapping[str, Any]) -> Capabilities:
         close_session=CLOSE_PATH in paths,
         learned=True,
     )
-
-
-def rollout_prefix(request_id: str, attempt: int) -> str:
-    """The `/ng-rollout/<id>` prefix for attempt `attempt` (1 = the first) of the item
-    `request_id`, or "" when the id cannot be a NeMo Gym rollout id (pattern, or it ends with
-    the reserved `-a<N>`). The id is the capture key of `EpisodeId(request_id, attempt - 1)`:
-    `request_id` itself for the first attempt, `request_id-a<N-1>` for attempt N >= 2."""
-    if not ROLLOUT_ID.match(request_id) or ATTEMPT_SUFFIX.search(request_id):
-        return ""
-    key = request_id if attempt <= 1 else f"{request_id}-a{attempt - 1}"
-    return ROLLOUT_PREFIX + key
 
 
 class Catalog:

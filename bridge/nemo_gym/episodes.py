@@ -2,25 +2,25 @@
 `episode_types.py`): one episode.
 
 Request (`BaseEpisodeRequest`, extra=forbid): `{"episode_id": {"rollout_id", "attempt"},
-"task": {"task_id": {"taskset", "task_id"}, "task_input": ...}}`; `rollout_id` must match
-ROLLOUT_ID_PATTERN and not end with the reserved attempt suffix `-a<N>` (N >= 1);
-`attempt` counts from 0. single_agent_turn's `task_input` is
-`{"responses_create_params", "task_data"}`. Reply (`BaseEpisodeResponse`): `{episode_id,
-task_id, result | failure}`: `result` is the episode's result (single_agent_turn: the
-resources server's `/verify` reply plus `ng_agent_observations`); `failure` is
-`{failure_reason, terminal, failure_kind?, stage?}` with stage one of admission, seed, agent,
-verification, cleanup. Admission control (`max_concurrent_episodes`, `queue_timeout_seconds`)
-refuses an episode with stage "admission" and terminal false: it never started.
+"task": {"task_id": {"taskset", "task_id"}, "task_input": ...}}`; `episode_id` is NeMo Gym's
+`EpisodeId` (`correlation.py`: a valid rollout id, `attempt` counted from 0).
+single_agent_turn's `task_input` is `{"responses_create_params", "task_data"}`. Reply
+(`BaseEpisodeResponse`): `{episode_id, task_id, result | failure}`: `result` is the episode's
+result (single_agent_turn: the resources server's `/verify` reply plus
+`ng_agent_observations`); `failure` is `{failure_reason, terminal, failure_kind?, stage?}`
+with stage one of admission, seed, agent, verification, cleanup. Admission control
+(`max_concurrent_episodes`, `queue_timeout_seconds`) refuses an episode with stage
+"admission" and terminal false: it never started.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.nemo_gym.correlation import episode_id
 from nemo_gym_grpc.bridge.nemo_gym.run import Ran, read_rollout
 from nemo_gym_grpc.bridge.nemo_gym.verify import (
     MAX_FAILURE_KIND,
@@ -30,18 +30,7 @@ from nemo_gym_grpc.bridge.nemo_gym.verify import (
     parse_reply,
 )
 
-ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_ATTEMPT_SUFFIX = re.compile(r"-a[1-9][0-9]*$")
 ADMISSION = "admission"
-
-
-def rollout_id_problem(rollout_id: str) -> str | None:
-    """Why `rollout_id` cannot be an episode's `rollout_id`, or None when it can."""
-    if not ROLLOUT_ID_PATTERN.match(rollout_id):
-        return f"must match {ROLLOUT_ID_PATTERN.pattern}"
-    if _ATTEMPT_SUFFIX.search(rollout_id):
-        return "must not end with the reserved attempt suffix -a<N>"
-    return None
 
 
 def task_input(row: dict[str, Any]) -> dict[str, Any]:
@@ -57,7 +46,7 @@ def episode_body(
 ) -> dict[str, Any]:
     """The `/run` body of attempt `attempt` (0 = the first) of episode `rollout_id`."""
     return {
-        "episode_id": {"rollout_id": rollout_id, "attempt": attempt},
+        "episode_id": episode_id(rollout_id, attempt),
         "task": {"task_id": {"taskset": taskset, "task_id": task_id}, "task_input": task_input},
     }
 

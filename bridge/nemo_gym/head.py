@@ -4,7 +4,7 @@ and environment server listens."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,9 +30,14 @@ def _base_url(host: str, port: int | str, head_host: str) -> str:
     return f"http://{host}:{int(port)}"
 
 
-# Head-server config blocks -> the protocol the bridge speaks to a server found there.
+# The protocols the bridge speaks to a server found in the head server's config: "" for a
+# resources server, AGENT (a flat row to `/run`, `run.py`) or ENVIRONMENT (an episode to
+# `/run`, `episodes.py`).
+AGENT = "agent"
+ENVIRONMENT = "environment"
+# Head-server config blocks -> the protocol of the servers found there.
 RESOURCES_SERVERS = {"resources_servers": ""}
-AGENT_SERVERS = {"responses_api_agents": "agent", "environment_servers": "environment"}
+AGENT_SERVERS = {"responses_api_agents": AGENT, "environment_servers": ENVIRONMENT}
 # Environment server types whose `/run` takes a flat row, as an agent's does (0.7's relay to an
 # unmigrated agent, and the flat-row adapter of single_agent_turn); found by type name.
 ROW_RUN_ENVIRONMENT_SERVERS = frozenset({"legacy_agent", "single_agent_turn_legacy"})
@@ -55,7 +60,7 @@ def parse_servers(
     Args:
         blocks: {block name: protocol}; each server found is returned with its block's
             protocol (e.g. AGENT_SERVERS), except that an `environment_servers` entry of a
-            type in ROW_RUN_ENVIRONMENT_SERVERS gets the "agent" block's protocol.
+            type in ROW_RUN_ENVIRONMENT_SERVERS gets the `responses_api_agents` block's protocol.
 
     Returns:
         {name: (base URL, protocol)}, e.g. {"mcqa": ("http://127.0.0.1:18001", "")}.
@@ -72,6 +77,21 @@ def parse_servers(
     head_host = urlsplit(head_url).hostname or "127.0.0.1"
     by_instance: dict[str, tuple[str, str]] = {}
     by_type: dict[str, set[tuple[str, str]]] = {}
+    for instance, server_type, route in _listed(config, blocks, head_host):
+        by_instance[instance] = route
+        by_type.setdefault(server_type, set()).add(route)
+    found = dict(by_instance)
+    for server_type, routes in by_type.items():
+        if server_type not in found and len(routes) == 1:
+            found[server_type] = next(iter(routes))
+    return found
+
+
+def _listed(
+    config: dict[Any, Any], blocks: Mapping[str, str], head_host: str
+) -> Iterator[tuple[str, str, tuple[str, str]]]:
+    """(instance name, server type, (base URL, protocol)) of each server of `blocks` in the
+    global config that has a host and a port."""
     for instance, block in config.items():
         if not isinstance(block, dict):
             continue
@@ -80,26 +100,18 @@ def parse_servers(
             if not isinstance(servers, dict):
                 continue
             for server_type, server in servers.items():
+                if not isinstance(server, dict) or server.get("host") is None:
+                    continue
+                if not server.get("port"):
+                    continue
+                found = protocol
                 if (
-                    isinstance(server, dict)
-                    and server.get("host") is not None
-                    and server.get("port")
+                    block_name == "environment_servers"
+                    and server_type in ROW_RUN_ENVIRONMENT_SERVERS
                 ):
-                    found_protocol = protocol
-                    if (
-                        block_name == "environment_servers"
-                        and server_type in ROW_RUN_ENVIRONMENT_SERVERS
-                    ):
-                        found_protocol = blocks.get("responses_api_agents", protocol)
-                    url = _base_url(server["host"], server["port"], head_host)
-                    route = (url, found_protocol)
-                    by_instance[str(instance)] = route
-                    by_type.setdefault(str(server_type), set()).add(route)
-    found = dict(by_instance)
-    for server_type, routes in by_type.items():
-        if server_type not in found and len(routes) == 1:
-            found[server_type] = next(iter(routes))
-    return found
+                    found = blocks.get("responses_api_agents", protocol)
+                url = _base_url(server["host"], server["port"], head_host)
+                yield str(instance), str(server_type), (url, found)
 
 
 def parse_global_config(body: bytes | str, head_url: str) -> dict[str, str]:

@@ -77,7 +77,7 @@ async def post(
     Args:
         url: full URL, e.g. "http://127.0.0.1:18001/verify"; `body`: UTF-8 JSON.
         timeout: seconds for the whole exchange (> 0).
-        request_id: the `X-Request-Id` header value (see `request_id_header`).
+        request_id: the item's request_id, sent as `X-Request-Id` (`request_id_header`).
         cookie: the `Cookie` header, "" for none.
         queued: seconds the call waited for a slot before (reported on a timeout).
 
@@ -89,7 +89,8 @@ async def post(
             UNAVAILABLE / UPSTREAM_UNAVAILABLE for a transport failure (`Refused` when the
             connection was refused); its `latency_seconds` is the time spent.
     """
-    headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id}
+    header = request_id_header(request_id)
+    headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: header}
     if cookie:
         headers["Cookie"] = cookie
     started = time.monotonic()
@@ -103,27 +104,35 @@ async def post(
         ) as reply:
             raw = await reply.read()
             seconds = time.monotonic() - started
-            log.debug("%s: HTTP %d, %.3f s, request_id=%s", url, reply.status, seconds, request_id)
+            log.debug("%s: HTTP %d, %.3f s, request_id=%s", url, reply.status, seconds, header)
             return Reply(reply.status, raw, reply.cookies, seconds)
     except (asyncio.TimeoutError, TimeoutError):
-        error = errors.ItemError(
-            code_pb2.DEADLINE_EXCEEDED,
-            errors.UPSTREAM_TIMEOUT,
-            f"{url} did not answer within {timeout:.3f} s",
-            upstreamUrl=url,
-            timeoutSeconds=f"{timeout:.3f}",
-            queuedSeconds=f"{queued:.3f}",
-        )
+        error = _timed_out(url, timeout, queued)
     except aiohttp.ClientError as exc:
-        kind = Refused if isinstance(exc, aiohttp.ClientConnectorError) else errors.ItemError
-        error = kind(
-            code_pb2.UNAVAILABLE,
-            errors.UPSTREAM_UNAVAILABLE,
-            f"{url} unreachable: {type(exc).__name__}: {exc}",
-            upstreamUrl=url,
-        )
+        error = _unreachable(url, exc)
     error.latency_seconds = time.monotonic() - started
     raise error
+
+
+def _timed_out(url: str, timeout: float, queued: float) -> errors.ItemError:
+    return errors.ItemError(
+        code_pb2.DEADLINE_EXCEEDED,
+        errors.UPSTREAM_TIMEOUT,
+        f"{url} did not answer within {timeout:.3f} s",
+        upstreamUrl=url,
+        timeoutSeconds=f"{timeout:.3f}",
+        queuedSeconds=f"{queued:.3f}",
+    )
+
+
+def _unreachable(url: str, exc: aiohttp.ClientError) -> errors.ItemError:
+    kind = Refused if isinstance(exc, aiohttp.ClientConnectorError) else errors.ItemError
+    return kind(
+        code_pb2.UNAVAILABLE,
+        errors.UPSTREAM_UNAVAILABLE,
+        f"{url} unreachable: {type(exc).__name__}: {exc}",
+        upstreamUrl=url,
+    )
 
 
 async def answers(session: aiohttp.ClientSession, url: str, timeout: float) -> bool:

@@ -23,6 +23,7 @@ import aiohttp
 
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import codec
+from nemo_gym_grpc.bridge.nemo_gym.correlation import episode_id, rollout_id_problem
 from nemo_gym_grpc.bridge.nemo_gym.http import post
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,11 @@ class Opened:
 
     session_id: str
     episode: dict[str, Any]
+
+    @property
+    def rollout_id(self) -> str:
+        """The episode's rollout id: the item's request_id, or the session id standing in."""
+        return str(self.episode["rollout_id"])
 
 
 def seed_body(verify_body: Mapping[str, Any]) -> bytes:
@@ -69,13 +75,6 @@ def new_session_id() -> str:
     return f"nemo-gym-grpc-{uuid.uuid4().hex}"
 
 
-def episode_id(rollout_id: str, attempt: int) -> dict[str, Any]:
-    """NeMo Gym's `EpisodeId` for attempt `attempt` (1 = the first) of a rollout:
-    `{"rollout_id": rollout_id, "attempt": attempt - 1}` (NeMo Gym counts re-dispatches from
-    0). `rollout_id` must be a valid rollout id (`capabilities.rollout_prefix` tells)."""
-    return {"rollout_id": rollout_id, "attempt": attempt - 1}
-
-
 def typed_seed_body(opened: Opened, taskset: str, task_id: str, legacy: bytes) -> bytes:
     """The UTF-8 JSON body of a typed `ResourcesSeedSessionRequest` for session `opened`:
     `{resources_session_id, episode_id, task_id: {taskset, task_id}, task_data}`, whose
@@ -96,11 +95,13 @@ def close_body(session_id: str, episode: Mapping[str, Any]) -> bytes:
     return codec.dumps({"resources_session_id": session_id, "episode_id": episode})
 
 
-def open_session(rollout_id: str, attempt: int) -> Opened:
-    """A new session for attempt `attempt` (1 = the first) of an item whose rollout id is
-    `rollout_id` ("" when its request_id is no valid rollout id: the session id stands in)."""
+def open_session(request_id: str, attempt: int) -> Opened:
+    """A new session for attempt `attempt` (1 = the first) of the item `request_id`: its
+    episode's rollout id is `request_id`, or the session id where that is no valid rollout id
+    (`correlation.rollout_id_problem`)."""
     session_id = new_session_id()
-    return Opened(session_id, episode_id(rollout_id or session_id, attempt))
+    rollout_id = session_id if rollout_id_problem(request_id) else request_id
+    return Opened(session_id, episode_id(rollout_id, attempt - 1))
 
 
 class Closer:
@@ -127,7 +128,7 @@ class Closer:
 
     def later(self, url: str, opened: Opened, cookie: str, request_id: str, name: str) -> None:
         """Close `opened` at `url` (the full `/close_session` URL) with the `Cookie` header
-        `cookie` ("" for none), sending `X-Request-Id: request_id`; `name` is the resources
+        `cookie` ("" for none), on behalf of the item `request_id`; `name` is the resources
         server (for `record`)."""
         task = asyncio.create_task(self._close(url, opened, cookie, request_id, name))
         self._tasks.add(task)
@@ -164,5 +165,8 @@ class Closer:
         self._record(name, reason, seconds)
         if reason:
             log.warning(
-                "session %s of request_id=%s not closed: %s", opened.session_id, request_id, message
+                "session %s of request_id=%r not closed: %s",
+                opened.session_id,
+                request_id[:100],
+                message,
             )
