@@ -29,7 +29,7 @@ help:
 	@echo "                  installs only the package, no dev tools or torch"
 	@echo "make test         the whole test suite on real NeMo Gym 0.7.0 servers, then its"
 	@echo "                  compat subset on 0.4.0; installs everything"
-	@echo "make fast         the fast tier (no NeMo Gym servers, about a minute on 2 cores):"
+	@echo "make fast         the fast tier (no NeMo Gym servers), with its time:"
 	@echo "                  .venv/bin/python -m pytest -m 'not nemo_gym'"
 	@echo "make soak         10-minute chaos soak (not part of make test; its 60 s variant is)"
 	@echo "make proto        regenerate Python code from $(PROTOS)"
@@ -86,8 +86,9 @@ typecheck: $(DEV)
 	MYPYPATH=build/typecheck $(PY) -m mypy --config-file pyproject.toml \
 	  -p nemo_gym_grpc.bridge -p nemo_gym_grpc.rewards
 
-# The whole suite on NeMo Gym 0.7.0, then the `compat` subset on 0.4.0 (tests/conftest.py
-# COMPAT_MODULES); each phase prints its time. PYTEST_ARGS passes options to both.
+# The whole suite on NeMo Gym 0.7.0, then the `compat` subset on 0.4.0 (the test modules marked
+# `compat`); each phase prints its time. PYTEST_ARGS passes options to both. A NeMo Gym venv
+# that is not cached yet is built first (minutes), its progress shown as it goes.
 test: $(DEV) $(VERL)
 	@t=$$(date +%s); NEMO_GYM_VERSION=0.7.0 $(PY) -m pytest $(PYTEST_ARGS) && \
 	  echo "make test: NeMo Gym 0.7.0, whole suite: $$(( $$(date +%s) - t )) s"
@@ -113,7 +114,7 @@ demo: $(DEMO_DEPS)
 # benchmarks/results/. BENCH_ARGS passes options, e.g. BENCH_ARGS="--only 3,4 --rounds 1".
 bench: $(DEV)
 	$(PY) -c "import matplotlib, psutil" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
-	$(PY) benchmarks/run.py $(BENCH_ARGS)
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
 # `make soak`: the 10-minute chaos soak of tests/support/soak.py (real mcqa replicas killed and
 # restarted, the bridge restarted, cancels, bad items); writes benchmarks/results/soak.json and

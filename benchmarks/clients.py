@@ -24,8 +24,8 @@ import grpc
 import requests
 
 from nemo_gym_grpc.bridge.nemo_gym.verify import completion_response
-from nemo_gym_grpc.rewards import client, convert
-from nemo_gym_grpc.rewards.functions import SEED_MODEL, reward_nemo_gym_verify
+from nemo_gym_grpc.rewards.client import channels, convert, stream
+from nemo_gym_grpc.rewards.trl.functions import SEED_MODEL, reward_nemo_gym_verify
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -144,7 +144,7 @@ class StreamRun:
 def _channel(target: str) -> grpc.aio.Channel:
     # A local subchannel pool gives each channel its own TCP connection (else channels to one
     # target share one), so `serve --workers N` sees several connections.
-    options = [*client.CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+    options = [*channels.CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
     return grpc.aio.insecure_channel(target, options=options)
 
 
@@ -217,7 +217,7 @@ def direct_latencies(verify_url: str, item: Item, count: int) -> list[float]:
 def unary_latencies(target: str, request: verify_pb2.VerifyRequest, count: int) -> list[float]:
     """Seconds per unary `Verify` call, one at a time (sync gRPC client, one channel)."""
     out = []
-    with grpc.insecure_channel(target, options=client.CHANNEL_OPTIONS) as ch:
+    with grpc.insecure_channel(target, options=channels.CHANNEL_OPTIONS) as ch:
         stub = verify_pb2_grpc.VerifyServiceStub(ch)
         stub.Verify(request, timeout=10)  # connect
         for _ in range(count):
@@ -229,11 +229,13 @@ def unary_latencies(target: str, request: verify_pb2.VerifyRequest, count: int) 
 
 def stream1_latencies(target: str, request: verify_pb2.VerifyRequest, count: int) -> list[float]:
     """Seconds per one-item VerifyStream call made by the reward functions' own client
-    (`rewards.client.verify_batch`, its shared channel), one at a time."""
+    (`rewards.client.stream.send`, its shared channel), one at a time."""
     out = []
-    client.verify_batch(target, [request], timeout=10, connect_timeout=10)  # connect
+    stream.send(
+        stream.Call(stream.VERIFY, target, [request], timeout=10, connect_timeout=10)
+    )  # connect
     for _ in range(count):
         started = time.perf_counter()
-        client.verify_batch(target, [request], timeout=10, connect_timeout=10)
+        stream.send(stream.Call(stream.VERIFY, target, [request], timeout=10, connect_timeout=10))
         out.append(time.perf_counter() - started)
     return out

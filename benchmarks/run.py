@@ -1,7 +1,7 @@
 """`make bench`: the benchmarks of issue 4 in one process tree.
 
-    python benchmarks/run.py [--out benchmarks/results] [--only 1,3] [--rounds 3] [--quick]
-    python benchmarks/run.py --scaling 1,2,4,8   # scenario 4 alone, for these --workers
+    python -m benchmarks.run [--out benchmarks/results] [--only 1,3] [--rounds 3] [--quick]
+    python -m benchmarks.run --scaling 1,2,4,8   # scenario 4 alone, for these --workers
 
 Scenarios: 1 real NeMo Gym mcqa (seed loop vs aiohttp fan-out vs bridge), 2 latency-bound
 upstream (20 ms, 500 ms), 3 16,384 items in flight, 4 bridge capacity (--workers 1 and 2,
@@ -20,9 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-import procs
-import report
-import scenarios
+from benchmarks import procs, report, scenarios
 
 SCENARIOS = {
     1: ("1_mcqa", scenarios.real_mcqa),

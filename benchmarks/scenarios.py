@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import clients
-import procs
-from clients import Item
-
-# benchmarks/ is a folder of scripts that import each other by plain name (`python
-# benchmarks/run.py`), so the repo root, home of the `tests.support` harness, is added here.
-sys.path.insert(0, str(procs.HERE.parent))
-from tests.support import BridgeProcess, NemoGymServers, start_bridge  # noqa: E402
+from benchmarks import clients, procs
+from benchmarks.clients import Item
+from tests.support import BridgeProcess, NemoGymServers, start_bridge
 
 Log = Callable[[str], None]
 

@@ -1,4 +1,5 @@
-"""TRL/axolotl reward functions that score with NVIDIA NeMo Gym through the nemo-gym-grpc bridge.
+"""The trainer side of nemo-gym-grpc: TRL/axolotl reward functions, rollouts and the adapters of
+other trainers, scoring with NVIDIA NeMo Gym through the gRPC bridge.
 
 Drop-in for axolotl's `axolotl.integrations.nemo_gym.rewards` (same names and call shapes):
 
@@ -11,57 +12,79 @@ Drop-in for axolotl's `axolotl.integrations.nemo_gym.rewards` (same names and ca
   `asynchronous` as keywords.
 - `reward_env`: passthrough of a precomputed `env_reward` (the rollouts' rewards).
 - `create_nemo_gym_rollout_func(agent, ...)`: a TRL `rollout_func` running each prompt as a
-  NeMo Gym rollout (agent `/run`) over one gRPC `RunStream` per call, tokens stitched across
-  turns, failed rollouts masked with reward NaN (`trl_rollouts`).
+  NeMo Gym rollout (agent `/run`) over one gRPC `RunStream` per call.
 - `create_nemo_gym_rollout_worker(rows, args, agent, ...)`: a `rollout_worker` for TRL 1.16's
   `AsyncGRPOTrainer`: rollouts kept in flight on one long-lived `RunStream`, trained on as
-  their groups finish (`trl_async`).
+  their groups finish.
 - `run_rollouts(rows, agent=..., target=...)` / `arun_rollouts`: NeMo Gym dataset rows ->
-  rollouts, one outcome per row (`rollouts`).
+  rollouts, one outcome per row.
 - `ScoringError`: raised when a call fails under its failure policy.
 
 Load by dotted path, e.g. in an axolotl config
 `trl.reward_funcs: [nemo_gym_grpc.rewards.reward_nemo_gym_verify]`.
-Configuration is by environment variable: the list is in `settings.py`.
-Modules: `functions` (the reward functions), `convert` (arguments -> VerifyRequests),
-`rollouts` (rows -> RunRequests, the rollout calls), `stitch` (per-turn tokens -> one sample),
-`trl_rollouts` (the TRL rollout_func), `trl_async`, `rollout_engine`, `rollout_groups` and
-`live_stream` (the AsyncGRPOTrainer rollout worker, its engine, its groups and its
-long-lived RunStream), `outcomes` (`Failure`, `Outcome`, `RunOutcome`),
-`client` (the VerifyStream and RunStream calls), `channels` (gRPC channels), `policy` (what
-failed items give), `trl_logging` (TRL's `log_metric` / `log_extra`), `embedded` (the
-zero-config bridge subprocess), `score` and `scorefile` (the `nemo-gym-grpc score` command).
+Configuration is by environment variable: the list is in `client/settings.py`.
+
+Subpackages: `client` (the machinery every adapter shares: settings, channels, the one stream
+call, outcomes, the embedded bridge, the failure policy), `trl` (the TRL adapter), `tools`
+(the `nemo-gym-grpc` command line: `score`, `export`); modules `verl`, `verl_manager`, `slime`
+and `openrlhf` (those trainers' adapters, on `stacks`).
+
+The names above load on first use (PEP 562), so importing this package (as the command line
+does for `serve`) loads no gRPC client and changes nothing; `nemo_gym_grpc.rewards.client` sets
+gRPC's fork support when the client loads (`client/per_process.py`).
 """
 
-import os
+from __future__ import annotations
 
-# Trainers fork (DataLoader workers, multiprocessing) after the reward functions have used
-# gRPC. Without gRPC's fork support a forked child that scores crashes now and then inside
-# gRPC core ("Check failed: next_worker->state == KICKED"). It must be set before gRPC
-# starts, so it is set here, unless the user set it.
-# (The embedded bridge, a grpc.aio server that forks only before gRPC starts, does not get it.)
-FORK_SUPPORT_DEFAULTED = "GRPC_ENABLE_FORK_SUPPORT" not in os.environ
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "1")
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from nemo_gym_grpc.rewards.functions import (  # noqa: E402 (after the gRPC setting above)
-    create_nemo_gym_reward_fn,
-    reward_env,
-    reward_nemo_gym_verify,
-    reward_nemo_gym_verify_async,
-)
-from nemo_gym_grpc.rewards.policy import ScoringError  # noqa: E402
-from nemo_gym_grpc.rewards.rollouts import arun_rollouts, run_rollouts  # noqa: E402
-from nemo_gym_grpc.rewards.trl_async import create_nemo_gym_rollout_worker  # noqa: E402
-from nemo_gym_grpc.rewards.trl_rollouts import create_nemo_gym_rollout_func  # noqa: E402
+if TYPE_CHECKING:  # the same names, for type checkers (the `as` marks a re-export)
+    from nemo_gym_grpc.rewards.client.policy import ScoringError as ScoringError
+    from nemo_gym_grpc.rewards.client.rollouts import arun_rollouts as arun_rollouts
+    from nemo_gym_grpc.rewards.client.rollouts import run_rollouts as run_rollouts
+    from nemo_gym_grpc.rewards.trl.functions import (
+        create_nemo_gym_reward_fn as create_nemo_gym_reward_fn,
+    )
+    from nemo_gym_grpc.rewards.trl.functions import reward_env as reward_env
+    from nemo_gym_grpc.rewards.trl.functions import (
+        reward_nemo_gym_verify as reward_nemo_gym_verify,
+    )
+    from nemo_gym_grpc.rewards.trl.functions import (
+        reward_nemo_gym_verify_async as reward_nemo_gym_verify_async,
+    )
+    from nemo_gym_grpc.rewards.trl.rollout_func import (
+        create_nemo_gym_rollout_func as create_nemo_gym_rollout_func,
+    )
+    from nemo_gym_grpc.rewards.trl.rollout_worker import (
+        create_nemo_gym_rollout_worker as create_nemo_gym_rollout_worker,
+    )
 
-__all__ = [
-    "ScoringError",
-    "arun_rollouts",
-    "create_nemo_gym_rollout_func",
-    "create_nemo_gym_rollout_worker",
-    "create_nemo_gym_reward_fn",
-    "reward_env",
-    "reward_nemo_gym_verify",
-    "reward_nemo_gym_verify_async",
-    "run_rollouts",
-]
+# Each public name -> the module that defines it.
+_HOMES = {
+    "ScoringError": "nemo_gym_grpc.rewards.client.policy",
+    "arun_rollouts": "nemo_gym_grpc.rewards.client.rollouts",
+    "run_rollouts": "nemo_gym_grpc.rewards.client.rollouts",
+    "create_nemo_gym_reward_fn": "nemo_gym_grpc.rewards.trl.functions",
+    "reward_env": "nemo_gym_grpc.rewards.trl.functions",
+    "reward_nemo_gym_verify": "nemo_gym_grpc.rewards.trl.functions",
+    "reward_nemo_gym_verify_async": "nemo_gym_grpc.rewards.trl.functions",
+    "create_nemo_gym_rollout_func": "nemo_gym_grpc.rewards.trl.rollout_func",
+    "create_nemo_gym_rollout_worker": "nemo_gym_grpc.rewards.trl.rollout_worker",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (PEP 562)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

@@ -34,8 +34,8 @@ from typing import Any
 from aiohttp import web
 
 from nemo_gym_grpc.rewards import stacks
-from nemo_gym_grpc.rewards.outcomes import Outcome
-from nemo_gym_grpc.rewards.policy import ScoringError
+from nemo_gym_grpc.rewards.client.outcomes import Outcome
+from nemo_gym_grpc.rewards.client.policy import ScoringError
 
 log = logging.getLogger("nemo_gym_grpc.rewards")
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nemo_gym_grpc.rewards import stacks
-from nemo_gym_grpc.rewards.outcomes import Outcome
+from nemo_gym_grpc.rewards.client.outcomes import Outcome
 
 
 def slime_item(sample: Any) -> stacks.StackItem:

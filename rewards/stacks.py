@@ -2,8 +2,8 @@
 
 Those stacks hand a reward function text and a label, not a NeMo Gym row. Each adapter
 (`verl.py`, `slime.py`, `openrlhf.py`) reads the NeMo Gym row and the resources server name
-from where `export.py` put them and builds `StackItem`s; this module sends them over one
-`VerifyStream` (the same `convert.build_batch` / `client.verify_batch` path as
+from where `tools/export.py` put them and builds `StackItem`s; this module sends them over one
+`VerifyStream` (the same `convert.build_batch` / `Route.send` path as
 `reward_nemo_gym_verify`, the same settings and embedded bridge) and applies the stacks'
 failure policy.
 
@@ -26,7 +26,6 @@ together still travel together (`score_one`, `Coalescer`), each judged on its ow
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import uuid
 import weakref
@@ -34,8 +33,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_gym_grpc.rewards import client, convert, embedded, policy, settings
-from nemo_gym_grpc.rewards.outcomes import INVALID_ITEM, Failure, Outcome
+from nemo_gym_grpc.rewards.client import convert, policy, settings, stream
+from nemo_gym_grpc.rewards.client.outcomes import Failure, Outcome
+from nemo_gym_grpc.rewards.client.stream import Route
+from nemo_gym_grpc.v1 import verify_pb2
 
 # `model` written into the Responses object the bridge builds from each completion.
 MODEL = "nemo-gym-grpc"
@@ -75,33 +76,25 @@ def nemo_gym_fields(carrier: Any, where: str) -> tuple[str, dict[str, Any] | Non
             a dict nor the JSON text of one (e.g. a list); the message names the field
             (`where`, e.g. "sample.metadata", and `ROW_KEY`).
     """
-    fields = _json_object(carrier, where) if isinstance(carrier, str) else carrier
+    fields = convert.json_object(carrier, where) if isinstance(carrier, str) else carrier
     if not isinstance(fields, Mapping):
         return "", None
     server = fields.get(SERVER_KEY)
     row = fields.get(ROW_KEY)
     field = f"{where}[{ROW_KEY!r}]"
     if isinstance(row, str):
-        row = _json_object(row, field)
+        row = convert.json_object(row, field)
     elif row is not None and not isinstance(row, Mapping):
         raise ValueError(
-            f"{field} must be the NeMo Gym row as a dict (or its JSON text), "
+            f"{field}: must be the NeMo Gym row as a dict (or its JSON text), "
             f"got {type(row).__name__}: {row!r:.100}"
         )
     return (server if isinstance(server, str) else ""), (dict(row) if row else None)
 
 
-def _json_object(text: str, where: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{where} is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} is JSON but not an object: {text[:100]!r}")
-    return value
-
-
-def _batch(items: Sequence[StackItem]) -> convert.Batch:
+def _batch(
+    items: Sequence[StackItem],
+) -> convert.Batch[verify_pb2.VerifyRequest, verify_pb2.VerifyResponse]:
     batch = convert.build_batch(
         [item.completion for item in items],
         [item.prompt for item in items],
@@ -116,62 +109,33 @@ def _batch(items: Sequence[StackItem]) -> convert.Batch:
         unsent = {batch.request_id(index) for index in rowless}
         batch.requests[:] = [r for r in batch.requests if r.request_id not in unsent]
         for index in rowless:
-            batch.rejected.setdefault(
+            batch.reject(
                 index,
-                Failure(
-                    "INVALID_ARGUMENT",
-                    INVALID_ITEM,
-                    f"item {index} has no NeMo Gym row (`{ROW_KEY}`, where `nemo-gym-grpc "
-                    "export` puts it): its resources server would score it against nothing",
-                ),
+                f"item {index} has no NeMo Gym row (`{ROW_KEY}`, where `nemo-gym-grpc export` "
+                "puts it): its resources server would score it against nothing",
             )
     return batch
 
 
-def _spec() -> embedded.BridgeSpec:
-    return embedded.BridgeSpec(head_url=settings.head_url())
+def _route() -> Route:
+    return Route.resolve(target=None, timeout=settings.batch_timeout())
 
 
 def score_items(items: Sequence[StackItem]) -> list[Outcome]:
     """One outcome per item, in order, over one `VerifyStream` (grpcio, the shared channel).
 
     Target, TLS, token, timeouts: `settings.py` (`NEMO_GYM_GRPC_TARGET`, or an embedded
-    bridge discovering servers from `NEMO_GYM_HEAD_URL`). Raises what `client.verify_batch`
-    and `convert.build_batch` raise (ValueError, TypeError, ProtocolError)."""
+    bridge discovering servers from `NEMO_GYM_HEAD_URL`). Raises what `Route.send` and
+    `convert.build_batch` raise (ValueError, TypeError, RuntimeError, ProtocolError)."""
     batch = _batch(items)
-    sent: Mapping[str, Outcome] = {}
-    if batch.requests:
-        target = settings.target()
-        sent = client.verify_batch(
-            target or embedded.ensure_bridge(_spec()),
-            batch.requests,
-            timeout=settings.batch_timeout(),
-            connect_timeout=settings.connect_timeout(),
-            security=settings.security(tls=target is not None),
-        )
-    return batch.outcomes(sent)
+    return batch.outcomes(_route().send(stream.VERIFY, batch.requests))
 
 
 async def score_items_async(items: Sequence[StackItem]) -> list[Outcome]:
     """`score_items` as a coroutine (grpc.aio, a channel per call; an embedded bridge is
     started in a worker thread)."""
     batch = _batch(items)
-    sent: Mapping[str, Outcome] = {}
-    if batch.requests:
-        target = settings.target()
-        address: str = (
-            target
-            if target is not None
-            else await asyncio.to_thread(embedded.ensure_bridge, _spec())
-        )
-        sent = await client.verify_batch_async(
-            address,
-            batch.requests,
-            timeout=settings.batch_timeout(),
-            connect_timeout=settings.connect_timeout(),
-            security=settings.security(tls=target is not None),
-        )
-    return batch.outcomes(sent)
+    return batch.outcomes(await _route().asend(stream.VERIFY, batch.requests))
 
 
 class Coalescer:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nemo_gym_grpc.rewards import stacks
-from nemo_gym_grpc.rewards.outcomes import Failure, Outcome
+from nemo_gym_grpc.rewards.client.outcomes import Failure, Outcome
 
 # The keys of every result: verl's reward loop builds `reward_extra_info` arrays from the first
 # sample's keys, so every sample must have the same ones (and numbers, for its metrics).

@@ -26,7 +26,7 @@ from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
 
 from nemo_gym_grpc.rewards import stacks
-from nemo_gym_grpc.rewards.outcomes import Outcome
+from nemo_gym_grpc.rewards.client.outcomes import Outcome
 from nemo_gym_grpc.rewards.verl import verl_item, verl_results
 
 

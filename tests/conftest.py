@@ -1,21 +1,20 @@
 """Shared fixtures: real NeMo Gym resources servers (started once per session) and bridges,
 and the `nemo_gym` marker that splits off the fast tier.
 
-Every test that needs the real stack carries the `nemo_gym` marker, applied here: tests whose
-fixtures (directly or through other fixtures) include one of NEMO_GYM_FIXTURES, the tests in
-NEMO_GYM_MODULES and those in NEMO_GYM_TESTS. `pytest -m "not nemo_gym"` (the fast tier) runs
-the rest. A test without the marker that reaches for the NeMo Gym venv or servers anyway
-fails, saying so.
+Tiers are markers: `nemo_gym` (needs the real stack; the fast tier is `pytest -m "not
+nemo_gym"`) is applied here to every test that requests a fixture of NEMO_GYM_FIXTURES (what
+a test uses says what it needs), and set by a test module (`pytestmark`) or a test itself when
+it reaches the stack otherwise. A test without the marker that reaches for the NeMo Gym venv or
+servers anyway fails, saying so. `compat` (a module's `pytestmark`: the version-sensitive
+paths, discovery, mcqa / equivalence scoring, sessions, multireward, the reward functions,
+TRL, score) is the subset `make test` also runs on 0.4.0; `nemo_gym_07` (set by a test) names
+a test that needs a 0.7-only feature, which is deselected (not skipped) when the selected
+version is older.
 
 Which NeMo Gym the real stack runs: env NEMO_GYM_VERSION (0.7.0 by default, or 0.4.0; see
-tests/support/versions.py), exposed as `nemo_gym.version`. Two more markers split the suite by
-version: `compat` (the tests of COMPAT_MODULES, the version-sensitive paths: discovery, mcqa /
-equivalence scoring, sessions, multireward, the reward functions, TRL) is the subset `make test`
-also runs on 0.4.0, and `nemo_gym_07` (set by a test itself) names a test that needs a 0.7-only
-feature, which is deselected (not skipped) when the selected version is older.
-
-The venv needs its Python (tests/support/versions.py). Without one the tests that need it are
-skipped, or fail when env CI is set.
+tests/support/versions.py), exposed as `nemo_gym.version`. The venv needs its Python
+(tests/support/versions.py). Without one the tests that need it are skipped, or fail when env
+CI is set.
 """
 
 from __future__ import annotations
@@ -40,51 +39,25 @@ from tests.support import start_bridge as _start_bridge
 from tests.support.venv import forbid_nemo_gym
 from tests.support.versions import selected_version, version_tuple
 
+# Fixtures that reach the real NeMo Gym stack: a test requesting one (directly or through other
+# fixtures) needs it, so it is marked `nemo_gym` here. A test that reaches the stack otherwise
+# (a harness call in its body) carries the marker itself, as a module's `pytestmark` or a
+# decorator; the guard below fails it if it does not.
 NEMO_GYM_FIXTURES = frozenset(
     {"nemo_gym", "nemo_gym_venv", "bridge_target", "start_bridge", "agent_stack"}
-)
-# Modules whose tests reach NeMo Gym without those fixtures (e.g. example_rows() in the body).
-NEMO_GYM_MODULES = frozenset({"test_score.py"})
-# Tests that start a bridge process with tests.support.start_bridge itself, as the
-# start_bridge fixture would (module file::test name).
-NEMO_GYM_TESTS = frozenset(
-    {"test_faults.py::test_10000_items_against_a_slow_upstream_keep_the_bridge_memory_bounded"}
-)
-
-# Modules whose tests also run on NeMo Gym 0.4.0 (`make test`'s second phase: -m compat).
-COMPAT_MODULES = frozenset(
-    {
-        "test_agent_stack.py",
-        "test_bridge.py",
-        "test_multireward.py",
-        "test_nemo_gym_harness.py",
-        "test_rewards.py",
-        "test_score.py",
-        "test_sessions.py",
-        "test_trl.py",
-        "test_upstreams.py",
-    }
 )
 
 _timings: list[str] = []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that needs the real NeMo Gym stack with `nemo_gym`, those of
-    COMPAT_MODULES with `compat`; deselect `nemo_gym_07` tests when NeMo Gym < 0.7 is selected."""
+    """Mark every test that requests a fixture of NEMO_GYM_FIXTURES with `nemo_gym`; deselect
+    `nemo_gym_07` tests when NeMo Gym < 0.7 is selected."""
     old = version_tuple(selected_version()) < (0, 7)
     kept, dropped = [], []
     for item in items:
-        if item.path.name in COMPAT_MODULES:
-            item.add_marker(pytest.mark.compat)
         (dropped if old and item.get_closest_marker("nemo_gym_07") else kept).append(item)
-        fixtures = set(getattr(item, "fixturenames", ()))
-        name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
-        if (
-            fixtures & NEMO_GYM_FIXTURES
-            or item.path.name in NEMO_GYM_MODULES
-            or name in NEMO_GYM_TESTS
-        ):
+        if set(getattr(item, "fixturenames", ())) & NEMO_GYM_FIXTURES:
             item.add_marker(pytest.mark.nemo_gym)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
@@ -100,8 +73,8 @@ def _nemo_gym_only_when_marked(request: pytest.FixtureRequest) -> Iterator[None]
         return
     forbid_nemo_gym(
         f"{request.node.nodeid} is not marked nemo_gym but uses the NeMo Gym venv or servers: "
-        "request a fixture of tests/conftest.py NEMO_GYM_FIXTURES or list the module in "
-        "NEMO_GYM_MODULES (tests/data/ has an mcqa example row that needs no venv)"
+        "request a fixture of tests/conftest.py NEMO_GYM_FIXTURES or mark the test nemo_gym "
+        "(tests/data/ has an mcqa example row that needs no venv)"
     )
     try:
         yield
@@ -117,10 +90,14 @@ def _unavailable(exc: Exception) -> None:
 
 
 @pytest.fixture(scope="session")
-def nemo_gym_venv() -> Path:
-    """The cached venv of the selected NeMo Gym version (built on first use)."""
+def nemo_gym_venv(pytestconfig: pytest.Config) -> Path:
+    """The cached venv of the selected NeMo Gym version (built on first use). What building it
+    says (a first build takes minutes: its steps and a progress line every 30 s) goes to the
+    terminal, not to pytest's capture."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
     try:
-        return ensure_venv()
+        with capture.global_and_fixture_disabled():  # what `capsys.disabled()` uses
+            return ensure_venv()
     except NoSuitablePython as exc:
         problem = exc
     _unavailable(problem)  # outside the except block: no chained traceback in the report

@@ -36,6 +36,8 @@ from tests.support.policy_model import (
 )
 from tests.support.versions import version_tuple
 
+pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
+
 TIMEOUT = 120.0  # s, any one HTTP call of these tests
 CLOSE_WAIT = 5.0  # s, how long 0.4.0's held model call is watched for a close that never comes
 

@@ -12,6 +12,8 @@ from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port, example_rows
 from tests.support.items import error_info, mcqa_item, wrong_letter
 
+pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
+
 
 @pytest.fixture(scope="module")
 def stub(bridge_target):

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
-from nemo_gym_grpc.rewards import channels
+from nemo_gym_grpc.rewards.client import channels
 
 
 @pytest.fixture

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_grpc.bridge import cli as cli_module
+from nemo_gym_grpc.bridge import cli as bridge_cli
 from nemo_gym_grpc.bridge.cli import PROCESS_FLAGS, parse_args
 from nemo_gym_grpc.bridge.config import TOKEN_ENV, BridgeConfig
-from nemo_gym_grpc.rewards import scorefile, settings
+from nemo_gym_grpc.rewards.tools import cli as top_cli
+from nemo_gym_grpc.rewards.tools import scorefile
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -47,19 +48,20 @@ def _no_start(monkeypatch):
     def started(*args, **kwargs):
         raise AssertionError("got past argument checking")
 
-    monkeypatch.setattr(cli_module, "run", started)
-    monkeypatch.setattr(cli_module, "run_workers", started)
+    monkeypatch.setattr(bridge_cli, "run", started)
+    monkeypatch.setattr(bridge_cli, "run_workers", started)
     monkeypatch.setattr(scorefile, "plan", started)
 
 
 @pytest.fixture
 def main(capsys, _no_start):
-    """main(*args) -> CompletedProcess: `cli.main(args)` in this process, its exit status
-    (SystemExit's code or the return value) and what it wrote to stderr."""
+    """main(*args) -> CompletedProcess: the `nemo-gym-grpc` console script's `main(args)` in
+    this process, its exit status (SystemExit's code or the return value) and what it wrote
+    to stderr."""
 
     def run_main(*args: str) -> subprocess.CompletedProcess:
         try:
-            code = cli_module.main(list(args))
+            code = top_cli.main(list(args))
         except SystemExit as exit_:
             code = exit_.code
         captured = capsys.readouterr()
@@ -185,6 +187,23 @@ def test_score_refuses_bad_values(main, tmp_path, flag, value):
     assert not out.exists()
 
 
+def test_score_server_takes_a_name_or_name_equals_url_as_serve_does(main, tmp_path):
+    rows = str(rows_file(tmp_path))
+    out = str(tmp_path / "out.jsonl")
+    done = main("score", rows, "-o", out, "--server", "mcqa=127.0.0.1:1")
+    assert_refused(done, "argument --server", "expected NAME=http://HOST:PORT")
+    done = main("score", rows, "-o", out, "--server", "mcqa=http://h:1", "--target", "t:1")
+    assert_refused(done, "nemo-gym-grpc score: error: --server NAME=URL routes NAME through")
+    done = main("score", rows, "-o", out, "--head-url", "127.0.0.1:11000")
+    assert_refused(done, "argument --head-url", "must be the NeMo Gym head server's http(s) URL")
+    parsed = top_cli.parse_args(["score", rows, "-o", out, "--server", "mcqa=http://h:1/"])
+    assert parsed.server == ("mcqa", "http://h:1")
+    assert top_cli.parse_args(["score", rows, "-o", out, "--server", "mcqa"]).server == (
+        "mcqa",
+        None,
+    )
+
+
 def test_score_refuses_an_output_it_cannot_write_before_scoring(main, tmp_path):
     rows = rows_file(tmp_path)
     # --target 127.0.0.1:1: had it got as far as connecting, it would fail differently
@@ -292,10 +311,15 @@ def test_help_names_every_flag_and_its_variable(main):
     assert "(default 0.0)" in text  # --max-connection-age: a 0 default is still shown
 
 
-def test_score_help_names_the_trainer_side_variables_by_their_home():
-    assert (cli_module.TARGET_ENV, cli_module.HEAD_URL_ENV, cli_module.BATCH_TIMEOUT_ENV) == (
-        settings.TARGET_ENV,
-        settings.HEAD_URL_ENV,
-        settings.BATCH_TIMEOUT_ENV,
-    )
-    assert cli_module.DEFAULT_HEAD_URL == settings.DEFAULT_HEAD_URL
+def test_the_bridge_command_line_has_serve_only(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["score", "in.jsonl", "-o", "out.jsonl"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'score'" in capsys.readouterr().err
+
+
+def test_the_console_script_lists_every_command(main):
+    done = main("--help")
+    assert done.returncode == 0
+    for command in ("serve", "score", "export", "openrlhf-rm"):
+        assert command in done.stdout

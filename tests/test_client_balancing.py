@@ -12,7 +12,8 @@ import asyncio
 
 import pytest
 
-from nemo_gym_grpc.rewards import reward_nemo_gym_verify, reward_nemo_gym_verify_async, settings
+from nemo_gym_grpc.rewards import reward_nemo_gym_verify, reward_nemo_gym_verify_async
+from nemo_gym_grpc.rewards.client import settings
 from tests.support import example_rows
 from tests.support.fault_proxy import FaultProxy
 

@@ -17,13 +17,8 @@ import grpc
 import pytest
 import trustme
 
-from nemo_gym_grpc.rewards import (
-    ScoringError,
-    embedded,
-    reward_nemo_gym_verify,
-    reward_nemo_gym_verify_async,
-    settings,
-)
+from nemo_gym_grpc.rewards import ScoringError, reward_nemo_gym_verify, reward_nemo_gym_verify_async
+from nemo_gym_grpc.rewards.client import embedded, settings
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import example_rows
 from tests.support import start_bridge as run_bridge
@@ -210,7 +205,15 @@ def test_score_command_stops_on_a_refused_token_without_writing_rows(
     out = tmp_path / "out.jsonl"
     child_env = {**os.environ, settings.CA_ENV: str(pki["ca"]), settings.TOKEN_ENV: "wrong"}
     done = subprocess.run(
-        [sys.executable, "-m", "nemo_gym_grpc.bridge", "score", str(rows_path), "-o", str(out)]
+        [
+            sys.executable,
+            "-m",
+            "nemo_gym_grpc.rewards.tools",
+            "score",
+            str(rows_path),
+            "-o",
+            str(out),
+        ]
         + ["--target", tls_token_bridge.target, "--no-progress"],
         capture_output=True,
         text=True,

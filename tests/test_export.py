@@ -4,12 +4,14 @@ right by each stack's adapter through a real bridge and real NeMo Gym resources 
 from __future__ import annotations
 
 import json
+import sys
 
 import pandas as pd
 import pytest
 
-from nemo_gym_grpc.bridge.cli import main as cli_main
-from nemo_gym_grpc.rewards import export, openrlhf, slime, verl
+from nemo_gym_grpc.rewards import openrlhf, slime, verl
+from nemo_gym_grpc.rewards.tools import export
+from nemo_gym_grpc.rewards.tools.cli import main as cli_main
 from tests.stacks_common import SlimeSample, answers, export_examples, read_jsonl
 from tests.support.items import mcqa_row
 
@@ -86,7 +88,34 @@ def test_unreadable_input_exits_1(tmp_path, capsys):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("[1, 2]\n")
     assert cli_main(["export", str(rows), "-o", str(tmp_path / "o"), "--format", "verl"]) == 1
-    assert "rows.jsonl:1: not a JSON object" in capsys.readouterr().err
+    assert f"nemo-gym-grpc export: {rows}: line 1: a JSON list, not an object" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_row_without_a_prompt_is_refused_with_its_line_number(tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    no_params = {k: v for k, v in mcqa_row().items() if k != "responses_create_params"}
+    empty_input = dict(mcqa_row(), responses_create_params={"input": []})
+    for bad in (no_params, empty_input):
+        rows.write_text(json.dumps(mcqa_row()) + "\n\n" + json.dumps(bad) + "\n")
+        out = tmp_path / "out.jsonl"
+        argv = ["export", str(rows), "-o", str(out), "--format", "slime", "--server", "mcqa"]
+        assert cli_main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"nemo-gym-grpc export: {rows}: line 3: no prompt"), err
+        assert not out.exists()
+
+
+def test_verl_parquet_needs_the_parquet_extra_and_says_so(
+    mcqa_jsonl, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if pyarrow were not installed
+    out = tmp_path / "out.parquet"
+    argv = ["export", str(mcqa_jsonl), "-o", str(out), "--format", "verl", "--server", "mcqa"]
+    assert cli_main(argv) == 1
+    assert "pip install 'nemo-gym-grpc[parquet]'" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_an_output_folder_that_does_not_exist_is_refused_not_created(mcqa_jsonl, tmp_path, capsys):

@@ -577,6 +577,7 @@ def _memory_mib(pid: int) -> dict[str, int]:
     return values
 
 
+@pytest.mark.nemo_gym  # starts a bridge process (tests.support.start_bridge) itself
 def test_10000_items_against_a_slow_upstream_keep_the_bridge_memory_bounded(scripted):
     """50 ms per /verify, 64 at a time: the client could send far faster than the upstream
     answers. The bridge holds at most --max-stream-items; the rest waits in the client

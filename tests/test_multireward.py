@@ -13,6 +13,8 @@ from nemo_gym_grpc.bridge.nemo_gym.verify import completion_response
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import example_rows
 
+pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
+
 SERVER = "example_tool_call_multireward"
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import venv
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,8 @@ from tests.support import (
 )
 from tests.support import venv as support_venv
 from tests.support.items import mcqa_row
+
+pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
 
 http = requests.Session()
 http.trust_env = False  # loopback only: never through an HTTP(S)_PROXY from the environment
@@ -351,3 +354,32 @@ def test_a_build_step_past_its_deadline_is_killed_and_reported(tmp_path):
     with open(log, "w") as out, pytest.raises(NemoGymError, match="took over"):
         support_venv._run_step(["sleep", "30"], out, log, dict(os.environ), started, started + 0.5)
     assert time.monotonic() - started < 10
+
+
+def test_what_the_venv_build_says_is_shown_not_captured(tmp_path):
+    # `make test` built a NeMo Gym venv for minutes without a word: pytest captured the harness's
+    # progress lines. A stand-in venv the harness did not build (a fake `nemo-gym 0.7.0`
+    # distribution: building the real one takes minutes) makes ensure_venv say one line.
+    fake = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(fake)
+    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = Path(subprocess.check_output([fake / "bin" / "python", "-c", where], text=True).strip())
+    (site / "nemo_gym").mkdir()
+    (site / "nemo_gym" / "__init__.py").write_text("")
+    (site / "nemo_gym-0.7.0.dist-info").mkdir()
+    (site / "nemo_gym-0.7.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: nemo-gym\nVersion: 0.7.0\n"
+    )
+    (tmp_path / "test_uses_the_venv.py").write_text("def test_it(nemo_gym_venv):\n    pass\n")
+    env = {**os.environ, "NEMO_GYM_VENV": str(fake), "NEMO_GYM_VERSION": "0.7.0"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q"]
+        + ["--rootdir", str(tmp_path), str(tmp_path / "test_uses_the_venv.py")],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"using NEMO_GYM_VENV={fake} as it is: nemo-gym 0.7.0" in done.stdout + done.stderr

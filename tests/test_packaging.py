@@ -81,17 +81,64 @@ def test_installed_wheel_is_not_shadowed_by_a_users_rewards_py(wheel, tmp_path):
     assert requires and not any("torch" in line.lower() for line in requires)
 
 
-def test_the_bridge_cli_does_not_import_the_trainer_side():
-    # rewards/__init__.py sets GRPC_ENABLE_FORK_SUPPORT for the trainer; the bridge must not
-    # load it (nor the rest of rewards/), not even to parse `score`'s command line.
-    probe = (
-        "import os, sys; from nemo_gym_grpc.bridge import cli;"
-        "cli.parse_args(['serve']); cli.parse_args(['score', 'in.jsonl', '-o', 'out.jsonl']);"
-        "print([m for m in sys.modules if m.startswith('nemo_gym_grpc.rewards')]);"
-        "print(os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))"
-    )
+def _probe(code: str) -> list[str]:
+    """Run `code` in a fresh interpreter without GRPC_ENABLE_FORK_SUPPORT; its stdout lines."""
     env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
-    out = subprocess.run(
-        [sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
     )
-    assert out.stdout.split("\n")[:2] == ["[]", "None"]
+    return done.stdout.splitlines()
+
+
+# What the probes print: the nemo_gym_grpc.rewards modules loaded, and the fork support variable.
+_LOADED = (
+    "print(sorted(m for m in sys.modules if m.startswith('nemo_gym_grpc.rewards')));"
+    "print(os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))"
+)
+
+
+def test_no_bridge_module_imports_the_trainer_side():
+    # `nemo_gym_grpc.rewards.client` sets GRPC_ENABLE_FORK_SUPPORT for the trainer; the bridge
+    # must not load it, nor anything else of rewards/.
+    lines = _probe(
+        "import importlib, os, pkgutil, sys, nemo_gym_grpc.bridge as b;"
+        "names = [m.name for m in pkgutil.walk_packages(b.__path__, 'nemo_gym_grpc.bridge.')];"
+        "[importlib.import_module(n) for n in names if not n.endswith('__main__')];"
+        "print(len(names));" + _LOADED
+    )
+    assert int(lines[0]) > 20  # the walk found the bridge's modules
+    assert lines[1:] == ["[]", "None"]
+
+
+def test_serve_through_the_console_script_loads_no_trainer_client():
+    # `nemo-gym-grpc serve` is the bridge's own command line: the console script lives on the
+    # trainer side, yet `serve` gets no gRPC client and no GRPC_ENABLE_FORK_SUPPORT.
+    lines = _probe(
+        "import os, sys; from nemo_gym_grpc.bridge import cli as bridge_cli;"
+        "from nemo_gym_grpc.rewards.tools import cli;"
+        "bridge_cli.run = lambda config: print(config.servers);"
+        "cli.main(['serve', '--server', 'x=http://127.0.0.1:1']);" + _LOADED
+    )
+    assert lines == [
+        "{'x': ['http://127.0.0.1:1']}",
+        "['nemo_gym_grpc.rewards', 'nemo_gym_grpc.rewards.tools', "
+        "'nemo_gym_grpc.rewards.tools.cli']",
+        "None",
+    ]
+
+
+def test_the_public_names_load_the_client_which_sets_fork_support():
+    lines = _probe(
+        "import os, sys, nemo_gym_grpc.rewards as r;" + _LOADED + ";"
+        "r.reward_nemo_gym_verify;" + _LOADED
+    )
+    assert lines[:2] == ["['nemo_gym_grpc.rewards']", "None"]  # importing changes nothing
+    assert "'nemo_gym_grpc.rewards.client.per_process'" in lines[2]
+    assert lines[3] == "1"
+
+
+def test_the_console_script_is_the_top_command_line(wheel):
+    with zipfile.ZipFile(wheel) as built:
+        (entry_points,) = (n for n in built.namelist() if n.endswith("entry_points.txt"))
+        text = built.read(entry_points).decode()
+    assert "nemo-gym-grpc = nemo_gym_grpc.rewards.tools.cli:main" in text

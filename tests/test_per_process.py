@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 
-from nemo_gym_grpc.rewards.per_process import PerProcess
+from nemo_gym_grpc.rewards.client.per_process import PerProcess
 
 
 def test_a_forked_child_starts_empty_and_the_parent_keeps_its_entries():

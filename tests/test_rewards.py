@@ -26,12 +26,13 @@ from aiohttp import web
 from nemo_gym_grpc.rewards import (
     ScoringError,
     create_nemo_gym_reward_fn,
-    embedded,
     reward_nemo_gym_verify,
     reward_nemo_gym_verify_async,
-    settings,
 )
+from nemo_gym_grpc.rewards.client import embedded, settings
 from tests.support import closed_port, example_rows, selected_version
+
+pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
 
 LOGGER = "nemo_gym_grpc.rewards"
 
@@ -662,7 +663,8 @@ def test_a_forked_child_scores_through_its_own_channel(via_target, loader_rows):
 
 _EMBEDDED_CHILD = r"""
 import json, sys, time
-from nemo_gym_grpc.rewards import embedded, reward_nemo_gym_verify
+from nemo_gym_grpc.rewards import reward_nemo_gym_verify
+from nemo_gym_grpc.rewards.client import embedded
 row = json.loads(sys.argv[1])
 answer = "\\boxed{%s}" % row["expected_answer"]
 print(reward_nemo_gym_verify([answer], resources_server_ref=[{"name": "mcqa"}], verify_extra=[row]))

@@ -30,20 +30,21 @@ from grpc_status import rpc_status
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
-    channels,
-    client,
     create_nemo_gym_reward_fn,
-    embedded,
-    outcomes,
     reward_nemo_gym_verify,
     reward_nemo_gym_verify_async,
-    score,
-    scorefile,
-    settings,
 )
+from nemo_gym_grpc.rewards.client import channels, embedded, outcomes, settings, stream
+from nemo_gym_grpc.rewards.client.stream import Route
+from nemo_gym_grpc.rewards.tools import batches, scorefile
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port
 from tests.support.waiting import wait_until
+
+ITEM_FAILURES = {
+    "unroutable": (code_pb2.NOT_FOUND, "UNKNOWN_RESOURCES_SERVER"),
+    "headless": (code_pb2.UNAVAILABLE, "HEAD_SERVER_UNAVAILABLE"),
+}
 
 
 class ScriptedBridge(verify_pb2_grpc.VerifyServiceServicer):
@@ -52,13 +53,17 @@ class ScriptedBridge(verify_pb2_grpc.VerifyServiceServicer):
     echo: reward = the number in the completion, results in reverse order; unknown: one
     result for an id never sent; duplicate: the first item answered twice; short: all but one
     answered, then OK; abort: half answered, then UNAVAILABLE with an ErrorInfo reason;
-    stall: half answered, then nothing until the client gives up (counted in `stalls_ended`).
+    stall: half answered, then nothing until the client gives up (counted in `stalls_ended`);
+    unroutable / headless: every item fails alone, NOT_FOUND (UNKNOWN_RESOURCES_SERVER) /
+    UNAVAILABLE (HEAD_SERVER_UNAVAILABLE), as the bridge answers items it has no route for.
+    Streams are counted by mode (`streams`).
     """
 
     def __init__(self) -> None:
         self.message_sizes: list[int] = []
         self.stalls_ended: list[str] = []
         self.in_flight = self.most_in_flight = 0
+        self.streams: dict[str, int] = {}
         self.lock = threading.Lock()
 
     def VerifyStream(self, request_iterator, context):
@@ -79,6 +84,7 @@ class ScriptedBridge(verify_pb2_grpc.VerifyServiceServicer):
         if not items:
             return
         mode = items[0].resources_server
+        self.streams[mode] = self.streams.get(mode, 0) + 1
         results = [
             verify_pb2.VerifyResponse(request_id=r.request_id, reward=float(r.completion or 0))
             for r in items
@@ -104,6 +110,16 @@ class ScriptedBridge(verify_pb2_grpc.VerifyServiceServicer):
                         code=code_pb2.UNAVAILABLE, message="shutting down", details=[info]
                     )
                 )
+            )
+        elif mode in ITEM_FAILURES:
+            code, reason = ITEM_FAILURES[mode]
+            info = any_pb2.Any()
+            info.Pack(error_details_pb2.ErrorInfo(reason=reason, domain="nemo-gym-grpc"))
+            failed = status_pb2.Status(code=code, message=f"scripted {reason}", details=[info])
+            yield verify_pb2.VerifyStreamResponse(
+                results=[
+                    verify_pb2.VerifyResponse(request_id=r.request_id, error=failed) for r in items
+                ]
             )
         elif mode == "stall":
             yield verify_pb2.VerifyStreamResponse(results=results[:half])
@@ -194,7 +210,7 @@ def test_the_batch_deadline_ends_a_stalled_stream(scripted, caplog, asynchronous
 
 def test_an_item_over_the_message_limit_fails_alone(scripted, caplog, asynchronous):
     target, _ = scripted
-    huge = "1" + " " * client.MAX_MESSAGE_BYTES
+    huge = "1" + " " * stream.MAX_MESSAGE_BYTES
     reward_fn = create_nemo_gym_reward_fn({}, {}, target=target, asynchronous=asynchronous)
     with caplog.at_level(logging.WARNING, logger="nemo_gym_grpc.rewards"):
         rewards = _run(
@@ -237,16 +253,15 @@ def test_verify_batch_returns_one_outcome_per_request_id(scripted, asynchronous)
     ids = ["a", "too-big", "b", "c"]
     requests = [
         verify_pb2.VerifyRequest(request_id=i, resources_server="echo", completion=c)
-        for i, c in zip(ids, ["1", "1" + " " * client.MAX_MESSAGE_BYTES, "2", "3"], strict=True)
+        for i, c in zip(ids, ["1", "1" + " " * stream.MAX_MESSAGE_BYTES, "2", "3"], strict=True)
     ]
-    verify = client.verify_batch_async if asynchronous else client.verify_batch
-    sent = verify(target, requests, timeout=30, connect_timeout=10)
-    sent = asyncio.run(sent) if asynchronous else sent
+    call = stream.Call(stream.VERIFY, target, requests, timeout=30, connect_timeout=10)
+    sent = asyncio.run(stream.asend(call)) if asynchronous else stream.send(call)
     assert sorted(sent) == sorted(ids)
     assert [sent[i].reward for i in ("a", "b", "c")] == [1.0, 2.0, 3.0]
     assert (sent["too-big"].code, sent["too-big"].reason) == ("INVALID_ARGUMENT", "ITEM_TOO_LARGE")
     with pytest.raises(ValueError, match="duplicate request_id 'a'"):
-        client.verify_batch(target, requests[:1] * 2, timeout=30, connect_timeout=10)
+        stream.Call(stream.VERIFY, target, requests[:1] * 2, timeout=30, connect_timeout=10)
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,15 +277,9 @@ def _rows(modes: list[str]) -> list[scorefile.Row]:
     return rows
 
 
-def _file_scorer(target: str, stop: asyncio.Event) -> score.FileScorer:
-    return score.FileScorer(
-        target,
-        channels.PLAINTEXT,
-        batch_timeout=30,
-        connect_timeout=10,
-        concurrency=2,
-        stop=stop,
-    )
+def _file_scorer(target: str, stop: asyncio.Event, concurrency: int = 2) -> batches.FileScorer:
+    route = Route(target, embedded.head_server_spec, channels.PLAINTEXT, 30, 10)
+    return batches.FileScorer(route, concurrency=concurrency, stop=stop)
 
 
 def test_a_stopped_run_keeps_the_finished_batches_and_cancels_the_calls_in_flight(scripted):
@@ -302,12 +311,48 @@ async def test_a_call_that_keeps_failing_as_a_whole_stops_the_run_after_three_at
     scripted, monkeypatch
 ):
     target, _ = scripted
-    monkeypatch.setattr(score, "CALL_BACKOFF", 0.01)  # the attempts are the point, not the wait
+    monkeypatch.setattr(batches, "CALL_BACKOFF", 0.01)  # the attempts are the point, not the wait
     out = io.BytesIO()
     scorer = _file_scorer(target, asyncio.Event())
-    with pytest.raises(score.CallFailed, match=r"\(3 attempts\): UNAVAILABLE \(BRIDGE_DRAINING\)"):
+    with pytest.raises(batches.NoVerdict, match=r"\(3 attempts\): UNAVAILABLE \(BRIDGE_DRAINING\)"):
         await scorer.run(iter(_rows(["abort"] * 4)), 4, out, lambda r: None)
     assert out.getvalue() == b""  # nothing of a failed batch is written
+
+
+@pytest.mark.parametrize(("mode", "attempts"), [("unroutable", 1), ("headless", 3)])
+async def test_rows_without_a_verdict_stop_the_run_and_only_the_batches_before_are_written(
+    scripted, monkeypatch, mode, attempts
+):
+    # was: written as finished rows (exit 0), so a rerun skipped them
+    target, servicer = scripted
+    monkeypatch.setattr(batches, "CALL_BACKOFF", 0.01)
+    out = io.BytesIO()
+    scorer = _file_scorer(target, asyncio.Event(), concurrency=1)  # one batch after another
+    before = servicer.streams.get(mode, 0)
+    cause = "NOT_FOUND (UNKNOWN_RESOURCES_SERVER)" if mode == "unroutable" else "UNAVAILABLE"
+    with pytest.raises(batches.NoVerdict) as stopped:
+        await scorer.run(iter(_rows(["echo"] * 2 + [mode] * 2 + ["echo"] * 2)), 2, out, print)
+    assert str(stopped.value).startswith(f"2 rows got no verdict ({attempts} attempt")
+    assert f": {cause}" in str(stopped.value)
+    assert [json.loads(line)["line"] for line in out.getvalue().splitlines()] == [1, 2]
+    assert servicer.streams[mode] - before == attempts  # sent again only while it may help
+
+
+def test_score_fails_at_once_when_the_target_refuses_the_connection(tmp_path):
+    # was: it waited NEMO_GYM_GRPC_CONNECT_TIMEOUT (60 s by default) for a port nothing listens on
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"resources_server_ref": {"name": "echo"}, "response": {}}\n')
+    out = tmp_path / "out.jsonl"
+    target = f"127.0.0.1:{closed_port()}"
+    command = [sys.executable, "-m", "nemo_gym_grpc.rewards.tools", "score", str(rows)]
+    command += ["-o", str(out), "--target", target, "--no-progress"]
+    env = {**os.environ, settings.CONNECT_TIMEOUT_ENV: "600"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert f"nemo-gym-grpc score: cannot connect to the bridge at {target} (refused?)" in (
+        done.stderr
+    )
+    assert not out.exists() or out.read_text() == ""
 
 
 def test_sigterm_stops_the_score_command_with_a_valid_prefix(scripted, tmp_path):
@@ -319,7 +364,13 @@ def test_sigterm_stops_the_score_command_with_a_valid_prefix(scripted, tmp_path)
     (tmp_path / "rows.jsonl").write_text(rows)
     out = tmp_path / "out.jsonl"
     ended_before = len(servicer.stalls_ended)
-    command = [sys.executable, "-m", "nemo_gym_grpc.bridge", "score", str(tmp_path / "rows.jsonl")]
+    command = [
+        sys.executable,
+        "-m",
+        "nemo_gym_grpc.rewards.tools",
+        "score",
+        str(tmp_path / "rows.jsonl"),
+    ]
     command += ["-o", str(out), "--target", target, "--batch-size", "2", "--no-progress"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

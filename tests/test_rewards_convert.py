@@ -12,16 +12,12 @@ from hypothesis import strategies as st
 
 from nemo_gym_grpc.rewards import (
     ScoringError,
-    client,
-    convert,
     create_nemo_gym_reward_fn,
-    outcomes,
-    policy,
     reward_env,
     reward_nemo_gym_verify,
-    settings,
-    trl_logging,
 )
+from nemo_gym_grpc.rewards.client import convert, outcomes, policy, settings, stream
+from nemo_gym_grpc.rewards.trl import logs
 from nemo_gym_grpc.v1 import verify_pb2
 from tests.support import closed_port
 
@@ -284,15 +280,15 @@ def test_any_text_gives_each_item_exactly_one_outcome(texts):
 
 def test_items_go_in_messages_of_at_most_64():
     items = [verify_pb2.VerifyRequest(request_id=str(i)) for i in range(130)]
-    sizes = [len(m.items) for m in client._messages(items)]
+    sizes = [len(chunk) for chunk in stream.chunks(items)]
     assert sizes == [64, 64, 2]
-    assert list(client._messages([])) == []
+    assert list(stream.chunks([])) == []
 
 
 def test_big_items_close_a_message_early_and_a_huge_one_travels_alone():
-    big = "x" * (10 * client.MiB)
+    big = "x" * (10 * stream.MiB)
     items = [verify_pb2.VerifyRequest(request_id=str(i), completion=big) for i in range(3)]
-    assert [len(m.items) for m in client._messages(items)] == [1, 1, 1]
+    assert [len(chunk) for chunk in stream.chunks(items)] == [1, 1, 1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -471,17 +467,17 @@ def test_item_values_are_components_and_the_servers_own_numeric_reply_fields():
     outcome = verify_pb2.VerifyResponse(
         reward=1.0, reward_components={"format": 1.0}, reply_json=json.dumps(reply)
     )
-    assert trl_logging.item_values(outcome, {"difficulty": 3, "question": "?"}) == {
+    assert logs.item_values(outcome, {"difficulty": 3, "question": "?"}) == {
         "components/format": 1.0,
         "reply/equivalence_score": 0.75,
         "reply/score": 2.0,
     }
-    assert trl_logging.item_values(outcomes.Failure("INTERNAL", None, "x"), None) == {}
-    assert trl_logging.item_values(verify_pb2.VerifyResponse(reply_json="[1]"), None) == {}
+    assert logs.item_values(outcomes.Failure("INTERNAL", None, "x"), None) == {}
+    assert logs.item_values(verify_pb2.VerifyResponse(reply_json="[1]"), None) == {}
 
 
 def test_extras_log_metrics_and_keeps_columns_aligned_across_calls():
-    log = trl_logging.ExtrasLog("fn")
+    log = logs.ExtrasLog("fn")
     metrics, columns = [], []
     kwargs = {
         "log_metric": lambda name, value: metrics.append((name, value)),
@@ -517,4 +513,4 @@ def test_extras_log_metrics_and_keeps_columns_aligned_across_calls():
         ("fn/components/a", [None]),
         ("fn/components/b", [2.0]),
     ]
-    assert not trl_logging.wanted({"log_metric": None}) and trl_logging.wanted({"log_extra": print})
+    assert not logs.wanted({"log_metric": None}) and logs.wanted({"log_extra": print})

@@ -1,5 +1,5 @@
 """The rollout client's pure parts: rows -> RunRequests (`rollouts.build_requests`), prompts ->
-dataset rows (`trl_rollouts.RowIndex`), outcomes -> TRL's rollout_func output (NaN and masked
+dataset rows (`RowIndex`), outcomes -> TRL's rollout_func output (NaN and masked
 for failures), the failure guard; a call to a bridge that is not there (real gRPC), and an
 embedded bridge whose head server is not there (a real bridge process)."""
 
@@ -16,16 +16,14 @@ import pytest
 from nemo_gym_grpc.rewards import (
     ScoringError,
     arun_rollouts,
-    client,
     create_nemo_gym_rollout_func,
-    embedded,
     reward_env,
-    rollouts,
     run_rollouts,
-    settings,
-    trl_rollouts,
 )
-from nemo_gym_grpc.rewards.outcomes import INVALID_ITEM, NO_TOKENS, Failure
+from nemo_gym_grpc.rewards.client import embedded, policy, rollouts, settings, stream
+from nemo_gym_grpc.rewards.client.outcomes import INVALID_ITEM, NO_TOKENS, Failure
+from nemo_gym_grpc.rewards.trl.rollout_func import rollout_output
+from nemo_gym_grpc.rewards.trl.rows import RowIndex, nemo_gym_row
 from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
 PARAMS = {"input": [{"role": "user", "content": "What is 2 + 3?"}]}
@@ -97,30 +95,30 @@ def test_rows_and_prompts_of_other_lengths_are_refused():
 
 def test_a_prompt_finds_its_dataset_row_however_its_dicts_are_ordered():
     prompt = [{"role": "user", "content": "q0"}]
-    index = trl_rollouts.RowIndex(
+    index = RowIndex(
         [{"prompt": prompt, "verify_extra": _row()}, {"prompt": "q1", "verify_extra": None}]
     )
     assert index.row([{"content": "q0", "role": "user"}])["verify_extra"] == _row()
-    assert trl_rollouts.nemo_gym_row(index.row(prompt), "verify_extra") == _row()
+    assert nemo_gym_row(index.row(prompt), "verify_extra") == _row()
     # without the column: the dataset row without its prompt
-    assert trl_rollouts.nemo_gym_row(index.row("q1"), "verify_extra") == {"verify_extra": None}
+    assert nemo_gym_row(index.row("q1"), "verify_extra") == {"verify_extra": None}
     with pytest.raises(KeyError, match="no dataset row has the prompt 'q2'"):
         index.row("q2")
     # JSON text in the column (no Arrow None-filling)
     as_text = {"prompt": "q", "verify_extra": json.dumps(_row())}
-    assert trl_rollouts.nemo_gym_row(as_text, "verify_extra") == _row()
-    with pytest.raises(ValueError, match="not a JSON object"):
-        trl_rollouts.nemo_gym_row({"prompt": "q", "verify_extra": "[1]"}, "verify_extra")
+    assert nemo_gym_row(as_text, "verify_extra") == _row()
+    with pytest.raises(ValueError, match="the .verify_extra. column: a JSON list, not an object"):
+        nemo_gym_row({"prompt": "q", "verify_extra": "[1]"}, "verify_extra")
 
 
 def test_equal_rows_may_share_a_prompt_but_different_rows_may_not():
     same = {"prompt": "q", "expected": 1}
-    assert len(trl_rollouts.RowIndex([same, dict(same)])) == 1
-    index = trl_rollouts.RowIndex([same, {"prompt": "q", "expected": 2}])
+    assert len(RowIndex([same, dict(same)])) == 1
+    index = RowIndex([same, {"prompt": "q", "expected": 2}])
     with pytest.raises(ValueError, match="2 different dataset rows have the prompt"):
         index.row("q")
     with pytest.raises(ValueError, match="row 0 has no `prompt`"):
-        trl_rollouts.RowIndex([{"question": "q"}])
+        RowIndex([{"question": "q"}])
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,7 +144,7 @@ def test_rollouts_become_stitched_samples_and_failures_masked_eos_with_nan_rewar
         _rollout(0.0, []),  # a reward but no tokens (e.g. openai_model): not trainable
         _rollout(0.0, TWO_TURNS[:1]),
     ]
-    output = trl_rollouts.rollout_output(outcomes, eos=3)
+    output = rollout_output(outcomes, eos=3)
     assert output["prompt_ids"] == [[4, 5], [3], [3], [4, 5]]
     assert output["completion_ids"] == [[6, 7, 8, 3], [3], [3], [6]]
     assert output["env_mask"] == [[1, 0, 1, 1], [0], [0], [1]]
@@ -170,12 +168,13 @@ def test_rollouts_become_stitched_samples_and_failures_masked_eos_with_nan_rewar
 def test_more_failures_than_allowed_raise_instead_of_training_on_an_outage(caplog):
     failures: dict[int, Failure] = {}
     outcomes = [_rollout(1.0, TWO_TURNS), Failure("UNAVAILABLE", None, "agent gone")]
-    trl_rollouts.rollout_output(outcomes, eos=3, failures=failures)
+    rollout_output(outcomes, eos=3, failures=failures)
     assert failures == {1: outcomes[1]}
-    trl_rollouts._guard(failures, 2, 0.5, "test")  # 1 of 2: allowed, and logged
+    labels = {"where": "test", "what": "rollouts", "gives": "reward NaN"}
+    policy.guard(failures, 2, max_failure_fraction=0.5, **labels)  # 1 of 2: allowed, and logged
     assert "1 of 2 rollouts failed" in caplog.text and "agent gone" in caplog.text
     with pytest.raises(ScoringError, match="1 of 2 rollouts failed, more than"):
-        trl_rollouts._guard(failures, 2, 0.4, "test")
+        policy.guard(failures, 2, max_failure_fraction=0.4, **labels)
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,12 +202,14 @@ def test_a_bridge_that_is_not_there_fails_every_rollout_as_it_fails_every_score(
     else:
         outcomes = run_rollouts(rows, agent="a", target=target, batch_timeout=5)
     waited = time.monotonic() - began
-    scored = client.verify_batch(
+    call = stream.Call(
+        stream.VERIFY,
         target,
         [verify_pb2.VerifyRequest(request_id="v", resources_server="mcqa")],
         timeout=600,  # the reward functions' default batch deadline
         connect_timeout=settings.connect_timeout(),
-    )["v"]
+    )
+    scored = stream.send(call)["v"]
     assert isinstance(scored, Failure)
     assert scored.message == f"no connection to the bridge at {target} within 0.5 s"
     for outcome in outcomes:

@@ -1,4 +1,4 @@
-"""A finished group of rollouts -> TRL AsyncGRPOTrainer samples (rewards/rollout_groups.py): the
+"""A finished group of rollouts -> TRL AsyncGRPOTrainer samples (rewards/trl/groups.py): the
 advantages are those TRL 1.16's own rollout worker computes (its `_score_group` is run on the
 same rewards, failures as its NaN rewards), failed and stale rollouts are left out of the group
 (never a 0.0), a group with too few usable rollouts is dropped, and the samples carry the
@@ -13,8 +13,8 @@ import types
 
 import pytest
 
-from nemo_gym_grpc.rewards import rollout_groups
-from nemo_gym_grpc.rewards.outcomes import Failure
+from nemo_gym_grpc.rewards.client.outcomes import Failure
+from nemo_gym_grpc.rewards.trl import groups
 from nemo_gym_grpc.v1 import rollout_pb2
 
 PROMPT = [{"role": "user", "content": "weather in sf?"}]
@@ -50,11 +50,11 @@ def rollout(reward: float, components: dict[str, float] | None = None) -> rollou
     )
 
 
-def group_of(*outcomes, versions=None) -> rollout_groups.Group:
-    group = rollout_groups.Group(group_id=7, prompt=PROMPT, size=len(outcomes))
+def group_of(*outcomes, versions=None) -> groups.Group:
+    group = groups.Group(group_id=7, prompt=PROMPT, size=len(outcomes))
     for index, outcome in enumerate(outcomes):
         version = versions[index] if versions else 3
-        group.results.append(rollout_groups.Result(index, version, outcome))
+        group.results.append(groups.Result(index, version, outcome))
     return group
 
 
@@ -104,9 +104,7 @@ def trl_advantages(rewards: list[float | None]) -> list[float]:
 )
 def test_advantages_are_trls_own(rewards):
     outcomes = [MASKED if r is None else rollout(r) for r in rewards]
-    verdict = rollout_groups.close(
-        group_of(*outcomes), version=3, max_staleness=0, min_group_size=1
-    )
+    verdict = groups.close(group_of(*outcomes), version=3, max_staleness=0, min_group_size=1)
     expected = [a for a, r in zip(trl_advantages(rewards), rewards, strict=True) if r is not None]
     assert [s.advantage for s in verdict.samples] == expected
     assert verdict.rewards == [r for r in rewards if r is not None]
@@ -116,7 +114,7 @@ def test_advantages_are_trls_own(rewards):
 def test_a_sample_holds_the_stitched_tokens_and_the_metrics():
     import numpy as np
 
-    verdict = rollout_groups.close(
+    verdict = groups.close(
         group_of(rollout(1.0, {"format": 1.0}), rollout(0.0), versions=[2, 3]),
         version=3,
         max_staleness=4,
@@ -150,13 +148,13 @@ def test_failed_and_stale_rollouts_are_left_out_and_small_groups_dropped():
     group = group_of(
         rollout(1.0), MASKED, unstitchable, rollout(0.0), rollout(0.5), versions=[5, 5, 5, 1, 2]
     )
-    verdict = rollout_groups.close(group, version=5, max_staleness=3, min_group_size=2)
+    verdict = groups.close(group, version=5, max_staleness=3, min_group_size=2)
     assert sorted(verdict.failures) == [1, 2]
     assert verdict.failures[2].reason == "NO_TOKENS"
     assert verdict.stale == 1  # version 1 is 4 behind 5; version 2 is 3 behind: kept
     assert verdict.rewards == [1.0, 0.5] and not verdict.dropped
     assert all(not math.isnan(s.advantage) for s in verdict.samples)
 
-    dropped = rollout_groups.close(group, version=6, max_staleness=3, min_group_size=2)
+    dropped = groups.close(group, version=6, max_staleness=3, min_group_size=2)
     assert dropped.dropped and dropped.samples == [] and dropped.stale == 2
     assert sorted(dropped.failures) == [1, 2]

@@ -20,9 +20,11 @@ from typing import Any
 import pytest
 import requests
 
-from nemo_gym_grpc.rewards import arun_rollouts, run_rollouts, settings, trl_rollouts
-from nemo_gym_grpc.rewards.outcomes import Failure
-from nemo_gym_grpc.rewards.stitch import stitch
+from nemo_gym_grpc.rewards import arun_rollouts, run_rollouts
+from nemo_gym_grpc.rewards.client import settings
+from nemo_gym_grpc.rewards.client.outcomes import Failure
+from nemo_gym_grpc.rewards.trl.rollout_func import rollout_output
+from nemo_gym_grpc.rewards.trl.stitch import stitch
 from nemo_gym_grpc.v1 import rollout_pb2
 from tests.support import closed_port, example_rows
 from tests.support import start_bridge as _start_bridge
@@ -151,7 +153,7 @@ def test_each_row_gets_its_own_outcome_and_failures_are_typed(
     assert run_over_http(agent_stack, rows[3]).get("mask_sample") is True  # the agent's own say
 
     # in TRL's rollout_func shape: failures get NaN (never 0.0) and a masked EOS completion
-    output = trl_rollouts.rollout_output(outcomes, eos=2)
+    output = rollout_output(outcomes, eos=2)
     assert output["env_reward"][0] == 1.0
     assert all(math.isnan(r) for r in output["env_reward"][1:])
     assert output["env_mask"][1:] == [[0]] * 4

@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_grpc.bridge.cli import main
-from tests.support import example_rows, resources_server_dir
+from nemo_gym_grpc.rewards.tools.cli import main
+from tests.support import DEFAULT_SERVERS, closed_port, example_rows, resources_server_dir
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.nemo_gym, pytest.mark.compat]  # every test reads NeMo Gym rows
 
 HOLD = "HOLD"  # in a response id: the proxy holds that row's /verify (Fault "hang")
 SLOW = "SLOW"  # in a response id: the proxy delays that row's /verify (Fault "delay")
@@ -84,7 +86,7 @@ def table_row(summary: str, server: str) -> list[str]:
 def score_cli(*args: str, env: dict | None = None, timeout: float = 180):
     """Run the installed `nemo-gym-grpc score ...`; returns the CompletedProcess."""
     return subprocess.run(
-        [sys.executable, "-m", "nemo_gym_grpc.bridge", "score", *args],
+        [sys.executable, "-m", "nemo_gym_grpc.rewards.tools", "score", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -127,10 +129,9 @@ def test_rows_that_cannot_be_scored_get_their_cause_and_the_rest_is_scored(
 ):
     good = rollout_rows(3)
     unrouted = rollout_rows(1, ref=False)[0]
-    unknown = dict(good[0], resources_server_ref={"name": "no_such_server"})
     no_response = {k: v for k, v in good[1].items() if k != "response"}
-    rows = [good[0], unrouted, unknown, no_response, ["a", "list"], good[1], good[2]]
-    rows_path = write_rows(tmp_path / "rows.jsonl", rows, raw_lines={5: "{not json"})
+    rows = [good[0], unrouted, no_response, ["a", "list"], good[1], good[2]]
+    rows_path = write_rows(tmp_path / "rows.jsonl", rows, raw_lines={4: "{not json"})
     out = tmp_path / "out.jsonl"
     status = main(["score", str(rows_path), "-o", str(out), "--target", bridge_target])
     assert status == 0
@@ -139,21 +140,64 @@ def test_rows_that_cannot_be_scored_get_their_cause_and_the_rest_is_scored(
     assert causes == [
         None,
         "NO_RESOURCES_SERVER",
-        "UNKNOWN_RESOURCES_SERVER",
         "INVALID_ROW",  # no response
         "INVALID_ROW",  # a JSON list
         "INVALID_ROW",  # not JSON
         None,
         None,
     ]
-    assert [r["line"] for r in records] == list(range(1, 9))
-    assert records[2]["error"]["code"] == "NOT_FOUND"
-    assert "no_such_server" in records[2]["error"]["message"]
-    assert [records[i]["reward"] for i in (0, 6, 7)] == [good[0]["reward"], 1.0, 1.0]
+    assert [r["line"] for r in records] == list(range(1, 8))
+    assert records[4]["error"]["message"].startswith("line 5: not JSON: ")
+    assert [records[i]["reward"] for i in (0, 5, 6)] == [good[0]["reward"], 1.0, 1.0]
     table = capsys.readouterr().out
     assert "INVALID_ARGUMENT (INVALID_ROW) x3" in table
-    assert "NOT_FOUND (UNKNOWN_RESOURCES_SERVER) x1" in table
-    assert "8 of 8 rows in" in table and "(5 failed)" in table
+    assert "7 of 7 rows in" in table and "(4 failed)" in table
+
+
+def test_a_row_whose_server_has_no_route_stops_the_run_and_stays_for_the_rerun(
+    bridge_target, tmp_path
+):
+    # was: written as a finished NOT_FOUND row with exit 0, so a rerun skipped it
+    rows = rollout_rows(4)
+    rows[2]["resources_server_ref"] = {"name": "no_such_server"}
+    rows_path = write_rows(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    args = [str(rows_path), "-o", str(out), "--target", bridge_target, "--no-progress"]
+    args += ["--batch-size", "1", "--concurrency", "1"]
+    for _ in range(2):  # the rerun stops at the same row, adding nothing twice
+        done = score_cli(*args)
+        assert done.returncode == 1
+        assert "NOT_FOUND (UNKNOWN_RESOURCES_SERVER)" in done.stderr
+        assert "rerun the same command to continue" in done.stderr
+        assert [r["line"] for r in read_out(out)] == [1, 2]
+
+
+def test_an_unreachable_head_server_exits_1_and_a_rerun_scores_the_rows(nemo_gym, tmp_path):
+    # was: every row written as UNAVAILABLE (HEAD_SERVER_UNAVAILABLE) with exit 0
+    rows_path = write_rows(tmp_path / "rows.jsonl", rollout_rows(6))
+    out = tmp_path / "out.jsonl"
+    args = [str(rows_path), "-o", str(out), "--no-progress"]
+    done = score_cli(*args, "--head-url", f"http://127.0.0.1:{closed_port()}")
+    assert done.returncode == 1
+    assert "UNAVAILABLE (HEAD_SERVER_UNAVAILABLE)" in done.stderr
+    assert read_out(out) == []
+    done = score_cli(*args, "--head-url", nemo_gym.head_url)
+    assert done.returncode == 0, done.stderr
+    assert [r["line"] for r in read_out(out)] == list(range(1, 7))
+    assert all(r["error"] is None for r in read_out(out))
+
+
+def test_server_name_equals_url_routes_through_an_embedded_bridge(nemo_gym, tmp_path):
+    # was: read as a resources server named "mcqa=http://...", so every row failed NOT_FOUND
+    rows = rollout_rows(4, ref=False)
+    rows_path = write_rows(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    server = f"mcqa={nemo_gym.server_urls['mcqa']}"
+    done = score_cli(str(rows_path), "-o", str(out), "--server", server, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    records = read_out(out)
+    assert [r["resources_server"] for r in records] == ["mcqa"] * 4
+    assert [r["reward"] for r in records] == [r["reward"] for r in rows]
 
 
 def test_resume_after_a_partial_out_scores_only_the_rest(proxied_bridge, tmp_path):
@@ -203,18 +247,6 @@ def test_an_out_file_that_is_not_from_this_input_is_refused(tmp_path):
         assert out.read_text() == text  # untouched
 
 
-def test_no_bridge_at_the_target_exits_1_and_writes_nothing(tmp_path):
-    rows_path = write_rows(tmp_path / "rows.jsonl", rollout_rows(2))
-    out = tmp_path / "out.jsonl"
-    done = score_cli(
-        str(rows_path), "-o", str(out), "--target", "127.0.0.1:1",
-        env={"NEMO_GYM_GRPC_CONNECT_TIMEOUT": "1"},
-    )  # fmt: skip
-    assert done.returncode == 1
-    assert "no connection to the bridge at 127.0.0.1:1 within 1 s" in done.stderr
-    assert not out.exists()
-
-
 def test_sigint_keeps_a_valid_prefix_and_a_rerun_completes(proxied_bridge, tmp_path):
     proxy, bridge = proxied_bridge
     rows = rollout_rows(24, marked=range(12, 24))  # rows 13.. are held by the proxy
@@ -223,7 +255,7 @@ def test_sigint_keeps_a_valid_prefix_and_a_rerun_completes(proxied_bridge, tmp_p
     proxy.set_faults(Fault("hang", match=HOLD))
     args = [str(rows_path), "-o", str(out), "--target", bridge.target]
     args += ["--batch-size", "4", "--concurrency", "2"]
-    command = [sys.executable, "-m", "nemo_gym_grpc.bridge", "score", *args]
+    command = [sys.executable, "-m", "nemo_gym_grpc.rewards.tools", "score", *args]
     with open(tmp_path / "stderr", "wb") as err:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err)
     try:
@@ -251,3 +283,41 @@ def test_sigint_keeps_a_valid_prefix_and_a_rerun_completes(proxied_bridge, tmp_p
     assert [r["line"] for r in records] == list(range(1, 25))
     assert [r["reward"] for r in records] == [r["reward"] for r in rows]
     assert "24 of 24 rows in" in done.stdout
+
+
+# What NeMo Gym's own example_rollouts.jsonl give, on 0.7.0 and 0.4.0. "as saved": every reward
+# as the rollout saved it. "scored": every row scored, though not as saved (mcqa's rows lack the
+# `options` it reads now; multireward weighs its components otherwise). "422": the rows lack a
+# field the server's request model now requires (HTTP 422: a verdict on the row, written).
+EXAMPLE_ROLLOUTS = {
+    "mcqa": "scored",
+    "equivalence_rule": "as saved",
+    "example_single_tool_call": "as saved",
+    "reasoning_gym": "422",
+    "example_session_state_mgmt": "422",
+    "example_tool_call_multireward": "scored",
+}
+
+
+@pytest.mark.parametrize("server", DEFAULT_SERVERS)
+def test_nemo_gyms_own_example_rollouts_go_without_their_old_verdict(nemo_gym, server, tmp_path):
+    # A rollout row carries its old verdict (`reward`, `equivalence_score`, ...); sent back in
+    # the /verify body it made every row of equivalence_rule's file HTTP 500 ("got multiple
+    # values for keyword argument 'reward'"), written as results with exit 0.
+    rows = resources_server_dir(server) / "data" / "example_rollouts.jsonl"
+    out = tmp_path / "out.jsonl"
+    args = [str(rows), "-o", str(out), "--head-url", nemo_gym.head_url, "--server", server]
+    done = score_cli(*args, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr  # every server's verdict fields were read
+    records = read_out(out)
+    assert len(records) == len(rows.read_text().splitlines())
+    errors = [r["error"] for r in records if r["error"]]
+    expected = EXAMPLE_ROLLOUTS[server]
+    if expected == "422":
+        assert len(errors) == len(records)
+        assert all(e["code"] == "INVALID_ARGUMENT" and "HTTP 422" in e["message"] for e in errors)
+        return
+    assert errors == []
+    if expected == "as saved":
+        assert [r["reward"] for r in records] == [r["previous_reward"] for r in records]

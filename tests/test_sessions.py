@@ -26,6 +26,8 @@ from tests.support.fault_proxy import FaultProxy
 from tests.support.items import error_info
 from tests.support.items import scored as stream
 
+pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
+
 SERVER = "example_session_state_mgmt"
 
 

@@ -4,7 +4,7 @@ imports `nemo_gym_grpc.rewards`): the copies must stay equal."""
 from __future__ import annotations
 
 from nemo_gym_grpc.bridge import config, errors
-from nemo_gym_grpc.rewards import channels, outcomes, settings
+from nemo_gym_grpc.rewards.client import channels, outcomes, settings
 
 
 def test_the_token_variable_is_the_same_on_both_sides():

@@ -77,7 +77,7 @@ async def test_metadata_may_be_json_text_and_a_sample_without_a_server_fails_alo
 
 
 def test_metadata_text_that_is_not_a_json_object_is_an_error():
-    with pytest.raises(ValueError, match="sample.metadata is not JSON"):
+    with pytest.raises(ValueError, match="sample.metadata: not JSON"):
         slime.slime_item(SlimeSample(prompt="Q", response="A", metadata="{nope"))  # type: ignore[arg-type]
 
 
@@ -88,7 +88,7 @@ NOT_A_DICT = "must be the NeMo Gym row as a dict (or its JSON text)"
     ("row", "problem"),
     [
         ([{"expected_answer": "B"}], f"{NOT_A_DICT}, got list"),
-        ('[{"expected_answer": "B"}]', "is JSON but not an object"),
+        ('[{"expected_answer": "B"}]', "a JSON list, not an object"),
         (7, f"{NOT_A_DICT}, got int"),
     ],
 )
@@ -98,7 +98,7 @@ def test_a_nemo_gym_row_that_is_not_an_object_is_an_error_naming_the_field(row, 
     )
     with pytest.raises(ValueError) as caught:
         slime.slime_item(sample)  # was TypeError: cannot convert dictionary update sequence
-    assert str(caught.value).startswith(f"sample.metadata['nemo_gym_row'] {problem}")
+    assert str(caught.value).startswith(f"sample.metadata['nemo_gym_row']: {problem}")
 
 
 async def test_a_sample_without_its_nemo_gym_row_fails_instead_of_scoring_0(via_bridge):

@@ -31,7 +31,9 @@ import time
 import pytest
 import requests
 
-from nemo_gym_grpc.rewards import settings
+from nemo_gym_grpc.rewards.client import settings
+
+pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
 
 
 def _import(name: str):

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_grpc.rewards import create_nemo_gym_rollout_func, reward_env, settings
+from nemo_gym_grpc.rewards import create_nemo_gym_rollout_func, reward_env
+from nemo_gym_grpc.rewards.client import settings
 from tests.support import start_bridge as _start_bridge
 from tests.support import toy_chat
 from tests.support.docs import python_block

@@ -23,6 +23,8 @@ from nemo_gym_grpc.bridge.nemo_gym.head import parse_global_config
 from nemo_gym_grpc.bridge.upstreams import AGENTS, Upstreams
 from tests.support import closed_port
 
+pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
+
 
 def test_real_head_server_reply_is_yaml_inside_a_json_string(nemo_gym):
     reply = requests.get(f"{nemo_gym.head_url}/global_config_dict_yaml", timeout=10)

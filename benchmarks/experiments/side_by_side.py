@@ -2,7 +2,7 @@
 fan-out against one zero-work upstream, in a rotated order every round: CPU per item,
 items/s, and ratios taken within each round (docs/performance.md's method).
 
-    .venv/bin/python benchmarks/experiments/side_by_side.py \\
+    .venv/bin/python -m benchmarks.experiments.side_by_side \\
         --bridge before=../before/.venv/bin/python --bridge after=.venv/bin/python --rounds 5
 
 Each bridge is `<python> -m nemo_gym_grpc.bridge serve --workers 1 --server mcqa=<upstream>`,
@@ -22,11 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]
-
-import clients  # noqa: E402
-import procs  # noqa: E402
+from benchmarks import clients, procs
 
 
 def start(python: str, upstream: str) -> tuple[subprocess.Popen[bytes], str, Path]:

@@ -19,7 +19,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from nemo_gym_grpc.rewards.outcomes import Failure, Outcome
+from nemo_gym_grpc.rewards.client.outcomes import Failure, Outcome
 
 log = logging.getLogger("nemo_gym_grpc.rewards")
 
@@ -56,6 +56,39 @@ def summary(failures: Mapping[int, Failure]) -> str:
     return f"{counts}. First of each: {detail}"
 
 
+def guard(
+    failures: Mapping[int, Failure],
+    total: int,
+    *,
+    max_failure_fraction: float,
+    where: str,
+    what: str = "items",
+    gives: str,
+) -> None:
+    """The guard: raise when more than `max_failure_fraction` of a call's `total` items
+    failed; else, when any failed, one warning on the `nemo_gym_grpc.rewards` logger.
+
+    Args:
+        failures: input index -> `Failure` of each failed item.
+        what: what the items are, for messages ("items", "rollouts").
+        gives: what a failed item gave, for the warning (e.g. "reward None, on_error=none").
+
+    Raises:
+        ScoringError: the failed fraction is above `max_failure_fraction`.
+    """
+    if not failures:
+        return
+    head = f"{len(failures)} of {total} {what} failed"
+    if len(failures) / total > max_failure_fraction:
+        raise ScoringError(
+            f"{head}, more than max_failure_fraction={max_failure_fraction:g} allows ({where}); "
+            f"not returning a batch of mostly missing rewards: {summary(failures)}",
+            failures,
+            total,
+        )
+    log.warning("%s (%s; %s): %s", head, gives, where, summary(failures))
+
+
 def apply(
     outcomes: Sequence[Outcome],
     *,
@@ -80,23 +113,19 @@ def apply(
             `max_failure_fraction` of the items failed.
     """
     failures = {i: o for i, o in enumerate(outcomes) if isinstance(o, Failure)}
-    if not failures:
-        return [o.reward for o in outcomes]  # type: ignore[union-attr]
-    total = len(outcomes)
-    head = f"{len(failures)} of {total} items failed"
-    if on_error == "raise":
+    if failures and on_error == "raise":
         raise ScoringError(
-            f"{head} (on_error=raise; {where}): {summary(failures)}", failures, total
-        )
-    if len(failures) / total > max_failure_fraction:
-        raise ScoringError(
-            f"{head}, more than max_failure_fraction={max_failure_fraction:g} allows ({where}); "
-            f"not returning a batch of mostly missing rewards: {summary(failures)}",
+            f"{len(failures)} of {len(outcomes)} items failed (on_error=raise; {where}): "
+            f"{summary(failures)}",
             failures,
-            total,
+            len(outcomes),
         )
     missing = None if on_error == "none" else 0.0
-    log.warning(
-        "%s (reward %s, on_error=%s; %s): %s", head, missing, on_error, where, summary(failures)
+    guard(
+        failures,
+        len(outcomes),
+        max_failure_fraction=max_failure_fraction,
+        where=where,
+        gives=f"reward {missing}, on_error={on_error}",
     )
     return [missing if i in failures else o.reward for i, o in enumerate(outcomes)]  # type: ignore[union-attr]

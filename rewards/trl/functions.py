@@ -9,20 +9,21 @@ the reward (float), or for an item that could not be scored what the failure pol
 One call = one `VerifyStream` RPC carrying the whole batch. The `*_async` forms do the same
 over `grpc.aio` for TRL's async reward path. When TRL passes `log_metric` / `log_extra`, the
 per-item extras (failures, reward components, numeric reply fields) go to them
-(`trl_logging.py`). Settings not given as keywords come from environment variables, read at
+(`logs.py`). Settings not given as keywords come from environment variables, read at
 each call: see `settings.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_gym_grpc.rewards import channels, client, convert, embedded, policy, settings, trl_logging
-from nemo_gym_grpc.rewards.outcomes import Outcome
+from nemo_gym_grpc.rewards.client import convert, embedded, policy, settings, stream
+from nemo_gym_grpc.rewards.client.outcomes import Outcome
+from nemo_gym_grpc.rewards.client.stream import Route
+from nemo_gym_grpc.rewards.trl import logs
 from nemo_gym_grpc.v1 import verify_pb2
 
 # The `model` the seed's reward_nemo_gym_verify wrote into its Responses object.
@@ -87,7 +88,7 @@ def reward_nemo_gym_verify(
             the row's own `responses_create_params` is used).
         log_metric, log_extra: keyword, optional: TRL's callbacks; given, they receive the
             failed fraction, latency, `reward_components` and numeric reply fields
-            (see `nemo_gym_grpc.rewards.trl_logging`).
+            (see `nemo_gym_grpc.rewards.trl.logs`).
         **kwargs: other dataset columns and TRL arguments, ignored.
 
     Settings: the environment variables of `nemo_gym_grpc.rewards.settings` (target, TLS,
@@ -183,27 +184,12 @@ def create_nemo_gym_reward_fn(
         ValueError: `on_error` or `max_failure_fraction` is out of range, or
             `verify_timeout` / `batch_timeout` is not a positive finite number of seconds.
     """
-    verify_timeout = settings.check_seconds(verify_timeout, "verify_timeout")
-    if batch_timeout is not None:
-        batch_timeout = settings.check_seconds(batch_timeout, "batch_timeout")
-    spec = embedded.BridgeSpec(
-        head_url=None,
-        servers=tuple(sorted((name, _base_url(url)) for name, url in verify_endpoints.items())),
-        verify_timeout=verify_timeout,
+    scorer = _Scorer.for_endpoints(verify_endpoints, model_name, verify_timeout, target)
+    scorer.batch_timeout = settings.optional(settings.check_seconds, batch_timeout, "batch_timeout")
+    scorer.on_error = settings.optional(settings.check_on_error, on_error, "on_error")
+    scorer.max_failure_fraction = settings.optional(
+        settings.check_fraction, max_failure_fraction, "max_failure_fraction"
     )
-    scorer = _Scorer(
-        name="nemo_gym",
-        model=model_name,
-        timeout_seconds=verify_timeout,
-        spec=lambda: spec,
-        target=target,
-        batch_timeout=batch_timeout,
-        on_error=None if on_error is None else settings.check_on_error(on_error),
-        max_failure_fraction=(
-            None if max_failure_fraction is None else settings.check_fraction(max_failure_fraction)
-        ),
-    )
-
     return _bound_async(scorer) if asynchronous else _bound(scorer)
 
 
@@ -243,14 +229,28 @@ class _Scorer:
     batch_timeout: float | None = None
     on_error: str | None = None
     max_failure_fraction: float | None = None
-    extras_log: trl_logging.ExtrasLog = field(init=False)
+    extras_log: logs.ExtrasLog = field(init=False)
 
     def __post_init__(self) -> None:
-        self.extras_log = trl_logging.ExtrasLog(self.name)
+        self.extras_log = logs.ExtrasLog(self.name)
+
+    @classmethod
+    def for_endpoints(
+        cls,
+        verify_endpoints: Mapping[str, str],
+        model_name: str,
+        verify_timeout: float,
+        target: str | None,
+    ) -> _Scorer:
+        """The scorer of `create_nemo_gym_reward_fn`: its embedded bridge routes exactly
+        `verify_endpoints`. Raises ValueError for a bad `verify_timeout`."""
+        verify_timeout = settings.check_seconds(verify_timeout, "verify_timeout")
+        endpoints = sorted((name, _base_url(url)) for name, url in verify_endpoints.items())
+        spec = embedded.BridgeSpec(servers=tuple(endpoints), verify_timeout=verify_timeout)
+        return cls("nemo_gym", model_name, verify_timeout, lambda: spec, target)
 
     def prepare(self, completions: Sequence[Any], prompts: Any, kwargs: Mapping[str, Any]) -> _Job:
         """Validate the arguments and settings and build the batch (no I/O)."""
-        batch_id = uuid.uuid4().hex[:16]
         batch = convert.build_batch(
             completions,
             prompts,
@@ -258,17 +258,16 @@ class _Scorer:
             kwargs.get("verify_extra"),
             model=self.model,
             timeout_seconds=self.timeout_seconds,
-            batch_id=batch_id,
-            include_reply=trl_logging.wanted(kwargs),
+            batch_id=uuid.uuid4().hex[:16],
+            include_reply=logs.wanted(kwargs),
         )
-        target = self.target or settings.target()  # `resolve` for a setting that may be None
         return _Job(
             batch=batch,
-            target=target,
-            # TLS applies to a configured target; an embedded bridge is plaintext on loopback
-            security=settings.security(tls=target is not None),
-            batch_timeout=settings.resolve(self.batch_timeout, settings.batch_timeout),
-            connect_timeout=settings.connect_timeout(),
+            route=Route.resolve(
+                target=self.target,
+                timeout=settings.resolve(self.batch_timeout, settings.batch_timeout),
+                spec=self.spec,
+            ),
             on_error=settings.resolve(self.on_error, settings.on_error),
             max_failure_fraction=settings.resolve(
                 self.max_failure_fraction, settings.max_failure_fraction
@@ -276,11 +275,7 @@ class _Scorer:
         )
 
     def finish(
-        self,
-        job: _Job,
-        target: str | None,
-        sent: Mapping[str, Outcome],
-        kwargs: Mapping[str, Any],
+        self, job: _Job, sent: Mapping[str, Outcome], kwargs: Mapping[str, Any]
     ) -> list[float | None]:
         """Rewards in input order under the failure policy; extras to TRL's callbacks."""
         outcomes = job.batch.outcomes(sent)
@@ -288,7 +283,7 @@ class _Scorer:
             outcomes,
             on_error=job.on_error,
             max_failure_fraction=job.max_failure_fraction,
-            where=f"bridge {target or '(none: nothing sendable)'}, batch {job.batch.batch_id}",
+            where=f"bridge {job.route.label}, batch {job.batch.batch_id}",
         )
         self.extras_log.emit(outcomes, kwargs)
         return rewards
@@ -297,21 +292,14 @@ class _Scorer:
 @dataclass
 class _Job:
     batch: convert.Batch[verify_pb2.VerifyRequest, verify_pb2.VerifyResponse]
-    target: str | None
-    security: channels.Security
-    batch_timeout: float
-    connect_timeout: float
+    route: Route
     on_error: str
     max_failure_fraction: float
 
 
-def _head_server_bridge() -> embedded.BridgeSpec:
-    return embedded.BridgeSpec(head_url=settings.head_url())
-
-
 # One per dotted-path function: the name keys its extras (TRL names metrics by `__name__`).
-_VERIFY = _Scorer("reward_nemo_gym_verify", SEED_MODEL, 0.0, _head_server_bridge)
-_VERIFY_ASYNC = _Scorer("reward_nemo_gym_verify_async", SEED_MODEL, 0.0, _head_server_bridge)
+_VERIFY = _Scorer("reward_nemo_gym_verify", SEED_MODEL, 0.0, embedded.head_server_spec)
+_VERIFY_ASYNC = _Scorer("reward_nemo_gym_verify_async", SEED_MODEL, 0.0, embedded.head_server_spec)
 
 
 def _score(
@@ -319,40 +307,14 @@ def _score(
 ) -> list[float | None]:
     """One call of a sync reward function: build, send over one VerifyStream, apply policy."""
     job = scorer.prepare(completions, prompts, kwargs)
-    if not job.batch.size:
-        return []
-    target: str | None = None
-    sent: Mapping[str, Outcome] = {}
-    if job.batch.requests:
-        target = job.target or embedded.ensure_bridge(scorer.spec())
-        sent = client.verify_batch(
-            target,
-            job.batch.requests,
-            timeout=job.batch_timeout,
-            connect_timeout=job.connect_timeout,
-            security=job.security,
-        )
-    return scorer.finish(job, target, sent, kwargs)
+    sent = job.route.send(stream.VERIFY, job.batch.requests)
+    return scorer.finish(job, sent, kwargs)
 
 
 async def _score_async(
     scorer: _Scorer, completions: Sequence[Any], prompts: Any, kwargs: Mapping[str, Any]
 ) -> list[float | None]:
-    """`_score` for the coroutine functions: grpc.aio, embedded-bridge start in a thread."""
+    """`_score` for the coroutine functions (grpc.aio; an embedded bridge starts in a thread)."""
     job = scorer.prepare(completions, prompts, kwargs)
-    if not job.batch.size:
-        return []
-    target: str | None = None
-    sent: Mapping[str, Outcome] = {}
-    if job.batch.requests:
-        target = job.target
-        if target is None:
-            target = await asyncio.to_thread(embedded.ensure_bridge, scorer.spec())
-        sent = await client.verify_batch_async(
-            target,
-            job.batch.requests,
-            timeout=job.batch_timeout,
-            connect_timeout=job.connect_timeout,
-            security=job.security,
-        )
-    return scorer.finish(job, target, sent, kwargs)
+    sent = await job.route.asend(stream.VERIFY, job.batch.requests)
+    return scorer.finish(job, sent, kwargs)

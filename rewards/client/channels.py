@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from nemo_gym_grpc.rewards.per_process import PerProcess
+from nemo_gym_grpc.rewards.client.per_process import PerProcess
 from nemo_gym_grpc.v1 import rollout_pb2_grpc, verify_pb2_grpc
 
 MiB = 1024 * 1024

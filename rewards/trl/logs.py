@@ -35,7 +35,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nemo_gym_grpc.rewards.outcomes import Failure, Outcome, finite_number
+from nemo_gym_grpc.rewards.client.outcomes import Failure, Outcome, finite_number
 
 
 def wanted(kwargs: Mapping[str, Any]) -> bool:

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from nemo_gym_grpc.rewards.channels import Security
+from nemo_gym_grpc.rewards.client.channels import Security
 
 T = TypeVar("T")
 
@@ -75,6 +75,12 @@ DEFAULT_MAX_FAILURE_FRACTION = 0.5
 def resolve(explicit: T | None, from_env: Callable[[], T]) -> T:
     """`explicit` (a keyword or flag) when it is not None, else `from_env()` (its variable)."""
     return from_env() if explicit is None else explicit
+
+
+def optional(check: Callable[[Any, str], T], value: Any, source: str) -> T | None:
+    """None when `value` is None (a keyword left to its variable), else `check(value, source)`
+    (e.g. `check_seconds`), which raises ValueError naming `source`."""
+    return None if value is None else check(value, source)
 
 
 def env_text(name: str) -> str | None:
@@ -126,28 +132,36 @@ def target() -> str | None:
 
 
 def head_url() -> str:
-    """`NEMO_GYM_HEAD_URL`, default "http://127.0.0.1:11000", without a trailing slash.
+    """`NEMO_GYM_HEAD_URL` (`DEFAULT_HEAD_URL`), without a trailing slash.
 
     Raises:
         ValueError: the value is not an http(s) URL with a host.
     """
-    text = env_text(HEAD_URL_ENV) or DEFAULT_HEAD_URL
+    return check_head_url(env_text(HEAD_URL_ENV) or DEFAULT_HEAD_URL, HEAD_URL_ENV)
+
+
+def check_head_url(text: str, source: str) -> str:
+    """`text` without a trailing slash if it is an http(s) URL with a host.
+
+    Raises:
+        ValueError: anything else (the message names `source`, e.g. the env var or flag).
+    """
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(
-            f"{HEAD_URL_ENV}={text!r} must be the NeMo Gym head server's http(s) URL, "
+            f"{source}={text!r} must be the NeMo Gym head server's http(s) URL, "
             "e.g. http://127.0.0.1:11000"
         )
     return text.rstrip("/")
 
 
 def batch_timeout() -> float:
-    """`NEMO_GYM_GRPC_BATCH_TIMEOUT` in seconds (default 600)."""
+    """`NEMO_GYM_GRPC_BATCH_TIMEOUT` in seconds (`DEFAULT_BATCH_TIMEOUT`)."""
     return env_seconds(BATCH_TIMEOUT_ENV, DEFAULT_BATCH_TIMEOUT)
 
 
 def rollout_batch_timeout() -> float:
-    """`NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT` in seconds (default 10800)."""
+    """`NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT` in seconds (`DEFAULT_ROLLOUT_BATCH_TIMEOUT`)."""
     return env_seconds(ROLLOUT_BATCH_TIMEOUT_ENV, DEFAULT_ROLLOUT_BATCH_TIMEOUT)
 
 
@@ -157,12 +171,12 @@ def run_timeout() -> float:
 
 
 def connect_timeout() -> float:
-    """`NEMO_GYM_GRPC_CONNECT_TIMEOUT` in seconds (default 60)."""
+    """`NEMO_GYM_GRPC_CONNECT_TIMEOUT` in seconds (`DEFAULT_CONNECT_TIMEOUT`)."""
     return env_seconds(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT)
 
 
 def startup_timeout() -> float:
-    """`NEMO_GYM_GRPC_STARTUP_TIMEOUT` in seconds (default 60)."""
+    """`NEMO_GYM_GRPC_STARTUP_TIMEOUT` in seconds (`DEFAULT_STARTUP_TIMEOUT`)."""
     return env_seconds(STARTUP_TIMEOUT_ENV, DEFAULT_STARTUP_TIMEOUT)
 
 
@@ -200,7 +214,8 @@ def on_error() -> str:
 
 
 def max_failure_fraction() -> float:
-    """`NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`: a fraction in [0, 1] (default 0.5)."""
+    """`NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`: a fraction in [0, 1]
+    (`DEFAULT_MAX_FAILURE_FRACTION`)."""
     text = env_text(MAX_FAILURE_FRACTION_ENV)
     if text is None:
         return DEFAULT_MAX_FAILURE_FRACTION

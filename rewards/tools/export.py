@@ -16,7 +16,9 @@ each `input` message; a plain-text `input` is one user message) and the row's
   `label` = JSON text {"resources_server", "nemo_gym_row": the row}.
 
 The server of a row is its `resources_server_ref.name`, else `--server`. OUT's folder must
-exist (as for `score`), and an input without rows is refused rather than exported as nothing.
+exist (as for `score`); an input without rows, and a row without a server or a prompt, are
+refused (naming the line) rather than exported as nothing or as an empty prompt. verl's
+parquet needs pyarrow: `pip install 'nemo-gym-grpc[parquet]'`.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_grpc.rewards import convert
-from nemo_gym_grpc.rewards.score import output_problem
+from nemo_gym_grpc.rewards.client import convert
 from nemo_gym_grpc.rewards.stacks import ROW_KEY, SERVER_KEY
+from nemo_gym_grpc.rewards.tools.scorefile import input_lines
 
 FORMATS = ("verl", "slime", "openrlhf")
 ABILITY = "nemo_gym"
@@ -110,23 +112,15 @@ RECORDS: dict[str, Callable[[Mapping[str, Any], str, int], dict[str, Any]]] = {
 }
 
 
-def read_rows(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
+def read_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, row) for each non-blank line of a NeMo Gym JSONL file.
 
     Raises:
-        ValueError: a line is not a JSON object (the message names it).
+        ValueError: a line is not a JSON object ("line N: ...").
+        OSError: the file cannot be read.
     """
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{number}: not a JSON object")
-            yield number, row
+    for number, raw in input_lines(path):
+        yield number, convert.json_object(raw, f"line {number}")
 
 
 def export_rows(
@@ -135,17 +129,28 @@ def export_rows(
     """The `fmt` records of `rows` ((line, row) pairs), in order; `index` counts from 0.
 
     Raises:
-        ValueError: unknown `fmt`, or a row without a server and no `server` default.
+        ValueError: unknown `fmt`; a row without a server and no `server` default, or
+            without a prompt (no `responses_create_params` with input messages): the
+            message names its line ("line N: ...").
     """
     if fmt not in RECORDS:
         raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
     make = RECORDS[fmt]
-    return [make(row, server_of(row, server, line), i) for i, (line, row) in enumerate(rows)]
+    records = []
+    for index, (line, row) in enumerate(rows):
+        name = server_of(row, server, line)
+        if not prompt_messages(row):
+            raise ValueError(
+                f"line {line}: no prompt (responses_create_params with `input` messages or "
+                "`instructions`); a stack would train on an empty prompt"
+            )
+        records.append(make(row, name, index))
+    return records
 
 
 def write_records(records: list[dict[str, Any]], path: Path, fmt: str) -> None:
-    """Write verl records as parquet (needs pyarrow, which verl installs), others as JSONL,
-    replacing the file at `path`.
+    """Write verl records as parquet (needs pyarrow: the `parquet` extra; verl installs it
+    too), others as JSONL, replacing the file at `path`.
 
     Raises:
         RuntimeError: verl format without pyarrow installed.
@@ -156,7 +161,10 @@ def write_records(records: list[dict[str, Any]], path: Path, fmt: str) -> None:
             import pyarrow as pa  # type: ignore[import-untyped]
             import pyarrow.parquet as pq  # type: ignore[import-untyped]
         except ImportError:
-            raise RuntimeError("--format verl writes parquet: pip install pyarrow") from None
+            raise RuntimeError(
+                "--format verl writes parquet, which needs pyarrow: "
+                "pip install 'nemo-gym-grpc[parquet]'"
+            ) from None
         pq.write_table(pa.Table.from_pylist(records), path)
         return
     with path.open("w", encoding="utf-8") as out:
@@ -165,14 +173,10 @@ def write_records(records: list[dict[str, Any]], path: Path, fmt: str) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Run `nemo-gym-grpc export` (`args`: rows, output (Paths), format, server). Returns 0;
-    1 with one line on stderr for unreadable input or a row without a server; 2 with one line
-    for an OUT that cannot be written (checked first) or an input without rows. Nothing is
+    """Run `nemo-gym-grpc export` (`args`: rows, output (Paths, OUT checked writable), format,
+    server). Returns 0; 1 with one line on stderr for unreadable input or a row that cannot
+    be exported (its line named); 2 with one line for an input without rows. Nothing is
     written unless it returns 0."""
-    problem = output_problem(args.output)
-    if problem:
-        print(f"nemo-gym-grpc export: error: -o/--output: {problem}", file=sys.stderr)
-        return 2
     try:
         records = export_rows(read_rows(args.rows), args.format, args.server)
         if not records:
@@ -182,7 +186,10 @@ def run_export(args: argparse.Namespace) -> int:
             )
             return 2
         write_records(records, args.output, args.format)
-    except (OSError, ValueError, RuntimeError) as exc:
+    except ValueError as exc:
+        print(f"nemo-gym-grpc export: {args.rows}: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, RuntimeError) as exc:
         print(f"nemo-gym-grpc export: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {len(records)} {args.format} records to {args.output}", file=sys.stderr)

@@ -8,11 +8,10 @@ into its batches (and drops samples more than `max_staleness` versions old itsel
 empty for its poll interval, drains `metrics_queue` into its logs and calls `stop()` when
 training ends.
 
-What the worker does: a thread of its own runs the engine (`rollout_engine.py`: rollouts kept in
-flight on one long-lived `RunStream`, groups of `num_generations` rollouts per dataset row,
-stream rotation and failures); a complete group becomes samples as `rollout_groups.py` says
-(failed and stale rollouts left out, small groups dropped, advantages as TRL's own worker
-computes them).
+What the worker does: a thread of its own runs the engine (`worker_engine.py`: rollouts kept
+in flight on the long-lived feed of `client/live.py`, groups of `num_generations` rollouts per
+dataset row); a complete group becomes samples as `groups.py` says (failed and stale rollouts
+left out, small groups dropped, advantages as TRL's own worker computes them).
 """
 
 from __future__ import annotations
@@ -26,8 +25,10 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from nemo_gym_grpc.rewards import embedded, settings
-from nemo_gym_grpc.rewards.rollout_engine import STOP_WAIT, Engine, Shared, WorkerSettings
+from nemo_gym_grpc.rewards.client import settings
+from nemo_gym_grpc.rewards.client.live import STOP_WAIT
+from nemo_gym_grpc.rewards.client.stream import Route
+from nemo_gym_grpc.rewards.trl.worker_engine import Engine, Shared, WorkerSettings
 
 log = logging.getLogger("nemo_gym_grpc.rewards")
 
@@ -38,7 +39,7 @@ class NemoGymRolloutWorker:
     Attributes:
         rollout_buffer: `queue.Queue` of TRL `RolloutSample`s, drained by the trainer.
         metrics_queue: `queue.Queue` of metric dicts, drained into TRL's logs.
-        counts: running totals (a `Counter`; names in `rollout_engine.py`).
+        counts: running totals (a `Counter`; names in `worker_engine.py`).
         target: the bridge's gRPC target once started (an embedded bridge's when none given).
         config: the resolved settings.
     """
@@ -46,17 +47,18 @@ class NemoGymRolloutWorker:
     def __init__(self, rows: Iterable[Mapping[str, Any]], config: WorkerSettings) -> None:
         self.config = config
         self._rows = rows
-        self._shared = Shared(target=config.target or "")
+        self._shared = Shared()
         self.rollout_buffer = self._shared.rollout_buffer
         self.metrics_queue = self._shared.metrics_queue
         self.counts = self._shared.counts
         self._thread: threading.Thread | None = None
+        self._started = 0.0
         self._error: BaseException | None = None
 
     @property
     def target(self) -> str:
         """The bridge's gRPC target ("" before `start()` when an embedded bridge is used)."""
-        return self._shared.target
+        return self._shared.target or self.config.route.target or ""
 
     @property
     def model_version(self) -> int:
@@ -79,10 +81,8 @@ class NemoGymRolloutWorker:
         if self._thread is not None:
             log.warning("NemoGymRolloutWorker.start() called again; ignored")
             return
-        if not self._shared.target:
-            spec = embedded.BridgeSpec(head_url=settings.head_url())
-            self._shared.target = embedded.ensure_bridge(spec)
-        self._shared.down_since = time.monotonic()  # until a stream is open
+        self._shared.target = self.config.route.address()
+        self._started = time.monotonic()  # the bridge counts as down until the feed runs
         self._thread = threading.Thread(target=self._main, name="nemo-gym-rollouts", daemon=True)
         self._thread.start()
 
@@ -112,11 +112,12 @@ class NemoGymRolloutWorker:
         thread = self._thread
         if thread is not None and not thread.is_alive() and not self._shared.stop.is_set():
             raise RuntimeError("the NeMo Gym rollout worker thread has ended")
-        down_since = self._shared.down_since
+        feed = self._shared.feed
+        down_since = self._started if feed is None else feed.down_since
         if thread is not None and down_since is not None:
             down = time.monotonic() - down_since
             if down > stale_after_s:
-                last = self._shared.last_failure
+                last = None if feed is None else feed.last_failure
                 cause = f"; last failure: {last.cause}: {last.message[:300]}" if last else ""
                 raise RuntimeError(
                     f"no RunStream to the bridge at {self.target} for {down:.0f} s (more "
@@ -204,24 +205,16 @@ def create_nemo_gym_rollout_worker(
         queue_maxsize=args.queue_maxsize if queue_maxsize is None else queue_maxsize,
         row_column=row_column,
         sampling=sampling if trainer_sampling else None,
-        **_connection(target, run_timeout, stream_timeout),
+        route=Route.resolve(
+            target=target,
+            timeout=settings.resolve(
+                settings.optional(settings.check_seconds, stream_timeout, "stream_timeout"),
+                settings.rollout_batch_timeout,
+            ),
+        ),
+        run_timeout=settings.resolve(
+            settings.optional(settings.check_seconds, run_timeout, "run_timeout"),
+            settings.run_timeout,
+        ),
     )
     return NemoGymRolloutWorker(rows, config)
-
-
-def _connection(
-    target: str | None, run_timeout: float | None, stream_timeout: float | None
-) -> dict[str, Any]:
-    """target, security, run_timeout and stream_timeout: the keyword, else its env var."""
-    if run_timeout is not None:
-        run_timeout = settings.check_seconds(run_timeout, "run_timeout")
-    if stream_timeout is not None:
-        stream_timeout = settings.check_seconds(stream_timeout, "stream_timeout")
-    target = target or settings.target()
-    return {
-        "target": target,
-        # TLS applies to a configured target; an embedded bridge is plaintext on loopback
-        "security": settings.security(tls=target is not None),
-        "run_timeout": settings.resolve(run_timeout, settings.run_timeout),
-        "stream_timeout": settings.resolve(stream_timeout, settings.rollout_batch_timeout),
-    }

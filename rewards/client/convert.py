@@ -25,14 +25,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from nemo_gym_grpc.rewards.outcomes import INVALID_ITEM, Failure
+from nemo_gym_grpc.rewards.client.outcomes import INVALID_ITEM, Failure
 from nemo_gym_grpc.v1 import verify_pb2
 
 _R = TypeVar("_R")  # the request message (VerifyRequest, RunRequest)
 _O = TypeVar("_O")  # its successful result (VerifyResponse, RunResponse)
 
 
-class InvalidText(ValueError):
+class InvalidItem(ValueError):
+    """An item that cannot be sent: its caller fails it alone, here (`Batch.reject`), and sends
+    the rest."""
+
+
+class InvalidText(InvalidItem):
     """Text that a proto3 `string` field cannot carry (it has a lone surrogate)."""
 
 
@@ -146,6 +151,21 @@ def prompt_messages(prompt: Any) -> list[tuple[str, str]]:
     return messages
 
 
+def proto_messages(messages: Sequence[tuple[str, str]]) -> list[verify_pb2.Message]:
+    """(role, content) pairs (`prompt_messages`) as the contract's `Message`s.
+
+    Raises:
+        InvalidText: a role or content is not valid Unicode.
+    """
+    return [
+        verify_pb2.Message(
+            role=proto_text(role, f"prompt message {i} role"),
+            content=proto_text(content, f"prompt message {i} content"),
+        )
+        for i, (role, content) in enumerate(messages)
+    ]
+
+
 def resources_server_name(ref: Any) -> str:
     """The routing key from one `resources_server_ref` value (`{"name": "mcqa"}` -> "mcqa").
 
@@ -154,6 +174,23 @@ def resources_server_name(ref: Any) -> str:
     """
     name = ref.get("name") if isinstance(ref, Mapping) else None
     return name if isinstance(name, str) else ""
+
+
+def json_object(text: str | bytes, what: str) -> dict[str, Any]:
+    """The JSON object `text` holds (a dataset line, a label, a row stored as text).
+
+    Raises:
+        ValueError: `text` is not JSON, or JSON of something else than an object; the one
+            message form for such text, "{what}: not JSON: ..." / "{what}: a JSON list, not
+            an object" (`what` names where it was, e.g. "line 7", "sample.metadata").
+    """
+    try:
+        value = json.loads(text)
+    except ValueError as exc:  # also invalid UTF-8
+        raise ValueError(f"{what}: not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{what}: a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def row_json(extra: Any, index: int) -> str:
@@ -197,9 +234,14 @@ class Batch(Generic[_R, _O]):
         """The request_id of the item at input position `index`."""
         return f"{self.batch_id}-{index}"
 
+    def reject(self, index: int, message: str) -> None:
+        """Fail the item at input position `index` here, unsent (INVALID_ARGUMENT /
+        INVALID_ITEM), unless it already failed."""
+        self.rejected.setdefault(index, Failure("INVALID_ARGUMENT", INVALID_ITEM, message))
+
     def outcomes(self, sent: Mapping[str, _O | Failure]) -> list[_O | Failure]:
         """One outcome per input item, in input order: the rejected items' failures, and for
-        the others `sent[request_id]` (from `client.verify_batch` / `client.run_batch`).
+        the others `sent[request_id]` (from `Route.send`, `stream.send`).
 
         Raises:
             ValueError: `sent` has no outcome for a request of this batch.
@@ -214,9 +256,31 @@ class Batch(Generic[_R, _O]):
         return outcomes
 
 
-def _check_length(name: str, values: Sequence[Any], count: int) -> None:
-    if len(values) != count:
-        raise ValueError(f"{name} has {len(values)} entries for {count} completions")
+def _checked_count(
+    completions: Sequence[Any],
+    prompts: Sequence[Any] | None,
+    resources_server_refs: Sequence[Any] | None,
+    verify_extras: Sequence[Any] | None,
+) -> int:
+    """The number of items, once every column has one value per completion (`build_batch`'s
+    ValueError and TypeError for the columns' shapes)."""
+    for name, column in (("completions", completions), ("prompts", prompts)):
+        if isinstance(column, (str, bytes)):
+            raise TypeError(f"{name} must be a list (one per item), got a {type(column).__name__}")
+    if resources_server_refs is None:
+        raise ValueError(
+            "reward function needs the `resources_server_ref` column (one {'name': "
+            "<resources server>} per completion), as axolotl's NeMo Gym dataset loader makes"
+        )
+    count = len(completions)
+    for name, values in (
+        ("resources_server_ref", resources_server_refs),
+        ("prompts", prompts),
+        ("verify_extra", verify_extras),
+    ):
+        if values is not None and len(values) != count:
+            raise ValueError(f"{name} has {len(values)} entries for {count} completions")
+    return count
 
 
 def build_batch(
@@ -244,8 +308,8 @@ def build_batch(
         include_reply: ask the bridge for the upstream reply's other fields (`reply_json`).
 
     Returns:
-        The requests to send, in input order, and the items rejected locally (text that is
-        not valid Unicode: INVALID_ARGUMENT, not sent).
+        The requests to send, in input order, and the items rejected locally (no server
+        name, or text that is not valid Unicode: INVALID_ARGUMENT, not sent).
 
     Raises:
         ValueError: `resources_server_ref` is missing, or a column's length differs from the
@@ -253,61 +317,47 @@ def build_batch(
         TypeError: `completions` or `prompts` is a string, not a list; or a completion,
             prompt or row has a shape no request can be built from.
     """
-    for name, column in (("completions", completions), ("prompts", prompts)):
-        if isinstance(column, (str, bytes)):
-            raise TypeError(f"{name} must be a list (one per item), got a {type(column).__name__}")
-    count = len(completions)
-    if resources_server_refs is None:
-        raise ValueError(
-            "reward function needs the `resources_server_ref` column (one {'name': "
-            "<resources server>} per completion), as axolotl's NeMo Gym dataset loader makes"
-        )
-    _check_length("resources_server_ref", resources_server_refs, count)
-    if prompts is not None:
-        _check_length("prompts", prompts, count)
-    if verify_extras is not None:
-        _check_length("verify_extra", verify_extras, count)
-
+    count = _checked_count(completions, prompts, resources_server_refs, verify_extras)
+    assert resources_server_refs is not None  # _checked_count raised otherwise
     batch: Batch[verify_pb2.VerifyRequest, verify_pb2.VerifyResponse]
     batch = Batch(size=count, batch_id=batch_id)
     for index, completion in enumerate(completions):
+        request = verify_pb2.VerifyRequest(
+            request_id=batch.request_id(index),
+            model=model,
+            row_json=row_json(verify_extras[index] if verify_extras is not None else None, index),
+            timeout_seconds=timeout_seconds,
+            include_reply=include_reply,
+        )
         text = completion_text(completion)
         prompt = prompt_messages(prompts[index] if prompts is not None else None)
-        ref = resources_server_refs[index]
-        server = resources_server_name(ref)
-        extra = verify_extras[index] if verify_extras is not None else None
-        row = row_json(extra, index)
-        if not server:
-            batch.rejected[index] = Failure(
-                "INVALID_ARGUMENT",
-                INVALID_ITEM,
-                f"resources_server_ref[{index}] is {ref!r:.100}; each item needs "
-                "{'name': <resources server>}",
-            )
-            continue
         try:
-            text = proto_text(text, "completion")
-            messages = [
-                verify_pb2.Message(
-                    role=proto_text(role, f"prompt message {i} role"),
-                    content=proto_text(content, f"prompt message {i} content"),
-                )
-                for i, (role, content) in enumerate(prompt)
-            ]
-            server = proto_text(server, "resources_server_ref name")
-        except InvalidText as exc:
-            batch.rejected[index] = Failure("INVALID_ARGUMENT", INVALID_ITEM, str(exc))
+            _fill(request, index, text, prompt, resources_server_refs[index])
+        except InvalidItem as exc:
+            batch.reject(index, str(exc))
             continue
-        batch.requests.append(
-            verify_pb2.VerifyRequest(
-                request_id=batch.request_id(index),
-                resources_server=server,
-                prompt=messages,
-                completion=text,
-                model=model,
-                row_json=row,
-                timeout_seconds=timeout_seconds,
-                include_reply=include_reply,
-            )
-        )
+        batch.requests.append(request)
     return batch
+
+
+def _fill(
+    request: verify_pb2.VerifyRequest,
+    index: int,
+    text: str,
+    prompt: list[tuple[str, str]],
+    ref: Any,
+) -> None:
+    """Set the resources server, completion and prompt of `request` (item `index`).
+
+    Raises:
+        InvalidItem: `ref` names no server, or a text is not valid Unicode.
+    """
+    server = resources_server_name(ref)
+    if not server:
+        raise InvalidItem(
+            f"resources_server_ref[{index}] is {ref!r:.100}; each item needs "
+            "{'name': <resources server>}"
+        )
+    request.completion = proto_text(text, "completion")
+    request.prompt.extend(proto_messages(prompt))
+    request.resources_server = proto_text(server, "resources_server_ref name")

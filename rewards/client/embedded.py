@@ -39,8 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_gym_grpc.rewards import settings
-from nemo_gym_grpc.rewards.per_process import PerProcess
+from nemo_gym_grpc.rewards.client import per_process, settings
+from nemo_gym_grpc.rewards.client.per_process import PerProcess
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +87,21 @@ class BridgeSpec:
         return command
 
 
-def _child_env() -> dict[str, str]:
-    """The caller's environment, with relative PYTHONPATH entries made absolute (the bridge
-    runs in another working directory) and without the gRPC fork support that this package
-    turned on for the trainer process (see `nemo_gym_grpc.rewards`)."""
-    from nemo_gym_grpc import rewards
+def head_server_spec() -> BridgeSpec:
+    """The embedded bridge of a call without a target: one that discovers the servers from
+    the head server `NEMO_GYM_HEAD_URL`.
 
-    env = dict(os.environ)
-    if rewards.FORK_SUPPORT_DEFAULTED:
-        env.pop("GRPC_ENABLE_FORK_SUPPORT", None)  # set by this package for the trainer only
+    Raises:
+        ValueError: `NEMO_GYM_HEAD_URL` is not an http(s) URL with a host.
+    """
+    return BridgeSpec(head_url=settings.head_url())
+
+
+def _child_env() -> dict[str, str]:
+    """The caller's environment (`per_process.child_env`: without the gRPC fork support set
+    for the trainer), with relative PYTHONPATH entries made absolute (the bridge runs in
+    another working directory)."""
+    env = per_process.child_env()
     if env.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.pathsep.join(
             os.path.abspath(p) if p else os.getcwd() for p in env["PYTHONPATH"].split(os.pathsep)

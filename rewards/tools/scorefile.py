@@ -2,12 +2,13 @@
 
 Input (ROWS.jsonl): one JSON object per line, a NeMo Gym dataset row plus `response`, the
 OpenAI Responses object a rollout saved (NeMo Gym's rollout files have exactly this shape:
-the row, `response`, and the old `reward` and reply fields). Blank lines are skipped. Each row
-goes to `/verify` as is: its fields (None dropped) as the body, its `response` as the
-response; routed by its `resources_server_ref.name` when it has one, else by `--server`.
-Rollouts save every unset OpenAI parameter of `responses_create_params` as null; the bridge
-drops those nulls (see `bridge.nemo_gym.build_verify_body`), so the server applies the
-defaults the rollout was made with.
+the row, `response`, and the verdict its resources server gave: `reward` and the server's own
+fields). Blank lines are skipped. Each row goes to `/verify` as its server takes it: its fields
+(None dropped) without its old verdict (`verdicts.py` says which fields those are) as the body,
+its `response` as the response; routed by its `resources_server_ref.name` when it has one,
+else by `--server`. Rollouts save every unset OpenAI parameter of `responses_create_params`
+as null; the bridge drops those nulls (`bridge/nemo_gym/verify.py`), so the server applies
+the defaults the rollout was made with.
 
 Output (OUT.jsonl): one record per non-blank input line, in input order:
 
@@ -17,11 +18,13 @@ Output (OUT.jsonl): one record per non-blank input line, in input order:
 `line` is the 1-based input line number; `row_sha256` the first 16 hex digits of the SHA-256
 of that line (without its line ending), which resume checks; `previous_reward` the row's own
 numeric `reward` (a rollout's), else null. A row that could not be scored has `reward` null
-and `error` {"code", "reason", "message"}: the bridge's per-item status (e.g. NOT_FOUND /
-UNKNOWN_RESOURCES_SERVER), or one decided here, INVALID_ARGUMENT with reason `INVALID_ROW`
-(the line is not a JSON object, or has no `response` object), `NO_RESOURCES_SERVER` (no
-`resources_server_ref.name` and no `--server`) or `INVALID_ITEM` (a server name that is not
-valid Unicode).
+and `error` {"code", "reason", "message"}: a verdict on the row (`is_verdict`) that the bridge
+reports (e.g. INTERNAL / UPSTREAM_BAD_REPLY, INVALID_ARGUMENT / UPSTREAM_HTTP_ERROR), or one
+decided here, INVALID_ARGUMENT with reason `INVALID_ROW` (the line is not a JSON object, or has
+no `response` object), `NO_RESOURCES_SERVER` (no `resources_server_ref.name` and no
+`--server`) or `INVALID_ITEM` (a server name that is not valid Unicode). A failure that says
+nothing about the row (the bridge, head server or resources server unreachable, no route for
+its server, ...) is no record: the run stops there, and a rerun scores the row.
 
 Resume: records are only ever appended, in input order, so OUT is always the records of a
 prefix of the input. `plan` checks that prefix line by line (number and hash), drops a last
@@ -34,13 +37,18 @@ import hashlib
 import json
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_grpc.rewards.convert import InvalidText, proto_text
-from nemo_gym_grpc.rewards.outcomes import (
+from nemo_gym_grpc.rewards.client.convert import (
+    InvalidText,
+    json_object,
+    proto_text,
+    resources_server_name,
+)
+from nemo_gym_grpc.rewards.client.outcomes import (
     INVALID_ITEM,
     INVALID_ROW,
     NO_RESOURCES_SERVER,
@@ -49,6 +57,31 @@ from nemo_gym_grpc.rewards.outcomes import (
     finite_number,
 )
 from nemo_gym_grpc.v1 import verify_pb2
+
+# Per-item failure codes that say nothing about the row itself but about where it went: the
+# bridge, head server or resources server unreachable or failing for now (UNAVAILABLE, also a
+# failed judge call, which NeMo Gym marks transient), no route for its server (NOT_FOUND), no
+# `/verify` there (UNIMPLEMENTED), a rate limit, refused credentials, a cancelled item.
+NOT_VERDICTS = frozenset(
+    {
+        "UNAVAILABLE",
+        "NOT_FOUND",
+        "UNIMPLEMENTED",
+        "RESOURCE_EXHAUSTED",
+        "UNAUTHENTICATED",
+        "PERMISSION_DENIED",
+        "CANCELLED",
+        "ABORTED",
+    }
+)
+
+
+def is_verdict(outcome: Outcome) -> bool:
+    """True when `outcome` is final for its row, so it is written: a reward, or a failure of
+    the row itself (not a whole-call failure, no code of `NOT_VERDICTS`)."""
+    if not isinstance(outcome, Failure):
+        return True
+    return not outcome.whole_call and outcome.code not in NOT_VERDICTS
 
 
 class OutputMismatch(ValueError):
@@ -95,7 +128,13 @@ class Row:
         return str(self.line)
 
 
-def parse_row(raw: bytes, line: int, default_server: str | None, timeout_seconds: float) -> Row:
+def parse_row(
+    raw: bytes,
+    line: int,
+    default_server: str | None,
+    timeout_seconds: float,
+    verdict_fields: Callable[[str], frozenset[str]] = lambda server: frozenset(),
+) -> Row:
     """Turn one input line into a `Row` (never raises: a bad line becomes a failed row).
 
     Args:
@@ -103,43 +142,33 @@ def parse_row(raw: bytes, line: int, default_server: str | None, timeout_seconds
         line: its 1-based number.
         default_server: `--server`, the route of rows without `resources_server_ref.name`.
         timeout_seconds: per-item `/verify` timeout sent with the request; 0 = the bridge's.
+        verdict_fields: server name -> the fields its `/verify` answer adds, left out of the
+            row sent (`verdicts.Verdicts.of`).
     """
     row = Row(line=line, digest=digest(raw))
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:  # also invalid UTF-8
-        row.failure = Failure("INVALID_ARGUMENT", INVALID_ROW, f"line {line} is not JSON: {exc}")
+    data = _json_object(raw, row)
+    if data is None:
         return row
-    if not isinstance(data, dict):
-        kind = type(data).__name__
-        row.failure = Failure(
-            "INVALID_ARGUMENT", INVALID_ROW, f"line {line} is a JSON {kind}, not an object"
-        )
-        return row
-    ref = data.get("resources_server_ref")
-    name = ref.get("name") if isinstance(ref, dict) else None
-    row.server = name if isinstance(name, str) and name else default_server
+    row.server = resources_server_name(data.get("resources_server_ref")) or default_server
     row.previous_reward = finite_number(data.get("reward"))
     response = data.get("response")
     if not isinstance(response, dict):
-        row.failure = Failure(
-            "INVALID_ARGUMENT",
-            INVALID_ROW,
-            f"line {line} has no `response` object (the Responses object a rollout saves)",
+        row.failure = _invalid(
+            INVALID_ROW, f"line {line}: no `response` object (the Responses object a rollout saves)"
         )
     elif row.server is None:
-        row.failure = Failure(
-            "INVALID_ARGUMENT",
+        row.failure = _invalid(
             NO_RESOURCES_SERVER,
-            f"line {line} has no resources_server_ref.name and no --server was given",
+            f"line {line}: no resources_server_ref.name and no --server was given",
         )
     else:
         try:
             server = proto_text(row.server, "resources_server_ref name")
         except InvalidText as exc:
-            row.failure = Failure("INVALID_ARGUMENT", INVALID_ITEM, str(exc))
+            row.failure = _invalid(INVALID_ITEM, str(exc))
             return row
-        body = {key: value for key, value in data.items() if key != "response"}
+        leave_out = {"response", *verdict_fields(server)}
+        body = {key: value for key, value in data.items() if key not in leave_out}
         row.request = verify_pb2.VerifyRequest(
             request_id=row.request_id,
             resources_server=server,
@@ -148,6 +177,19 @@ def parse_row(raw: bytes, line: int, default_server: str | None, timeout_seconds
             timeout_seconds=timeout_seconds,
         )
     return row
+
+
+def _invalid(reason: str, message: str) -> Failure:
+    return Failure("INVALID_ARGUMENT", reason, message)
+
+
+def _json_object(raw: bytes, row: Row) -> dict[str, Any] | None:
+    """The line's JSON object, or None with `row.failure` set (INVALID_ROW)."""
+    try:
+        return json_object(raw, f"line {row.line}")
+    except ValueError as exc:
+        row.failure = _invalid(INVALID_ROW, str(exc))
+        return None
 
 
 def record(row: Row, outcome: Outcome) -> dict[str, Any]:
@@ -328,9 +370,14 @@ def plan(rows_path: Path, out_path: Path) -> Plan:
 
 
 def pending_rows(
-    rows_path: Path, after: int, default_server: str | None, timeout_seconds: float
+    rows_path: Path,
+    after: int,
+    default_server: str | None,
+    timeout_seconds: float,
+    verdict_fields: Callable[[str], frozenset[str]] = lambda server: frozenset(),
 ) -> Iterator[Row]:
-    """The `Row`s of the non-blank input lines numbered above `after`, parsed lazily."""
+    """The `Row`s of the non-blank input lines numbered above `after`, parsed lazily
+    (`parse_row`'s arguments)."""
     for number, raw in input_lines(rows_path):
         if number > after:
-            yield parse_row(raw, number, default_server, timeout_seconds)
+            yield parse_row(raw, number, default_server, timeout_seconds, verdict_fields)

@@ -9,22 +9,21 @@ server), see `RunRequest` in `rollout.proto`.
 
 Settings not given as keywords come from `settings.py` (target, TLS, token, head server,
 `NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT`, `NEMO_GYM_GRPC_RUN_TIMEOUT`, connect timeout), read at
-each call. With no target at all, an embedded bridge routing the head server's agents is
-started on first use (`embedded.py`).
+each call; the call goes where its `stream.Route` says (with no target at all, an embedded bridge
+routing the head server's agents).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from nemo_gym_grpc.rewards import channels, client, convert, embedded, settings
-from nemo_gym_grpc.rewards.outcomes import INVALID_ITEM, Failure, RunOutcome
-from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
+from nemo_gym_grpc.rewards.client import convert, settings, stream
+from nemo_gym_grpc.rewards.client.outcomes import RunOutcome
+from nemo_gym_grpc.rewards.client.stream import Route
+from nemo_gym_grpc.v1 import rollout_pb2
 
 RolloutBatch = convert.Batch[rollout_pb2.RunRequest, rollout_pb2.RunResponse]
 
@@ -94,80 +93,61 @@ def build_requests(
     for index, row in enumerate(rows):
         if not isinstance(row, Mapping):
             raise TypeError(f"row {index} must be a dict, got {row!r:.100}")
-        prompt = prompts[index] if prompts is not None else None
         name = agent_of(row, agent)
         if not name:
-            batch.rejected[index] = Failure(
-                "INVALID_ARGUMENT",
-                INVALID_ITEM,
-                f"row {index} has no agent_ref {{'name': <agent>}} and no agent was given",
-            )
+            missing = f"row {index} has no agent_ref {{'name': <agent>}} and no agent was given"
+            batch.reject(index, missing)
             continue
+        prompt = prompts[index] if prompts is not None else None
         params = _params(row, prompt, responses_create_params)
-        try:
-            row_text = json.dumps(dict(row))
-            params_text = "" if params is None else json.dumps(params)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"row {index} is not JSON serializable: {exc}") from None
-        try:
-            name = convert.proto_text(name, "agent name")
-            messages = [
-                verify_pb2.Message(
-                    role=convert.proto_text(role, f"prompt message {i} role"),
-                    content=convert.proto_text(content, f"prompt message {i} content"),
-                )
-                for i, (role, content) in enumerate(convert.prompt_messages(prompt))
-            ]
-        except convert.InvalidText as exc:
-            batch.rejected[index] = Failure("INVALID_ARGUMENT", INVALID_ITEM, str(exc))
-            continue
-        batch.requests.append(
-            rollout_pb2.RunRequest(
-                request_id=batch.request_id(index),
-                agent=name,
-                row_json=row_text,
-                responses_create_params_json=params_text,
-                prompt=messages,
-                timeout_seconds=run_timeout,
-                include_reply=include_reply,
-            )
+        request = rollout_pb2.RunRequest(
+            request_id=batch.request_id(index),
+            row_json=_json(row, index),
+            responses_create_params_json="" if params is None else _json(params, index),
+            timeout_seconds=run_timeout,
+            include_reply=include_reply,
         )
+        try:
+            request.agent = convert.proto_text(name, "agent name")
+            request.prompt.extend(convert.proto_messages(convert.prompt_messages(prompt)))
+        except convert.InvalidText as exc:
+            batch.reject(index, str(exc))
+            continue
+        batch.requests.append(request)
     return batch
 
 
-@dataclass(frozen=True)
-class _Settings:
-    target: str | None
-    security: channels.Security
-    timeout: float
-    connect_timeout: float
-    run_timeout: float
+def _json(value: Mapping[str, Any], index: int) -> str:
+    """`value` as JSON text. Raises TypeError naming row `index`."""
+    try:
+        return json.dumps(dict(value))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"row {index} is not JSON serializable: {exc}") from None
 
 
-def _settings(
-    target: str | None, batch_timeout: float | None, run_timeout: float | None
-) -> _Settings:
-    target = target or settings.target()
-    return _Settings(
-        target=target,
-        # TLS applies to a configured target; an embedded bridge is plaintext on loopback
-        security=settings.security(tls=target is not None),
-        timeout=settings.resolve(
-            None
-            if batch_timeout is None
-            else settings.check_seconds(batch_timeout, "batch_timeout"),
-            settings.rollout_batch_timeout,
-        ),
-        connect_timeout=settings.connect_timeout(),
-        run_timeout=settings.resolve(
-            None if run_timeout is None else settings.check_seconds(run_timeout, "run_timeout"),
-            settings.run_timeout,
-        ),
+def _prepare(
+    rows: Sequence[Mapping[str, Any]],
+    agent: str | None,
+    target: str | None,
+    batch_timeout: float | None,
+    run_timeout: float | None,
+    options: Mapping[str, Any],
+) -> tuple[Route, RolloutBatch]:
+    """The route and the batch of one `run_rollouts` call (`options`: `build_requests`'s
+    prompts, responses_create_params, include_reply)."""
+    timeout = settings.optional(settings.check_seconds, batch_timeout, "batch_timeout")
+    route = Route.resolve(
+        target=target, timeout=settings.resolve(timeout, settings.rollout_batch_timeout)
     )
-
-
-def _head_server_bridge() -> embedded.BridgeSpec:
-    return embedded.BridgeSpec(head_url=settings.head_url())
+    each = settings.optional(settings.check_seconds, run_timeout, "run_timeout")
+    batch = build_requests(
+        rows,
+        agent=agent,
+        batch_id=uuid.uuid4().hex[:16],
+        run_timeout=settings.resolve(each, settings.run_timeout),
+        **options,
+    )
+    return route, batch
 
 
 def run_rollouts(
@@ -190,8 +170,8 @@ def run_rollouts(
         target: keyword: the bridge's gRPC target; default `NEMO_GYM_GRPC_TARGET`, and if
             that is unset an embedded bridge over the head server (`NEMO_GYM_HEAD_URL`).
         batch_timeout: keyword: gRPC deadline of the whole call, seconds (default
-            `NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT`, 10800). Rollouts unfinished by then fail
-            with DEADLINE_EXCEEDED (`whole_call`); nothing waits longer.
+            `NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT`). Rollouts unfinished by then fail with
+            DEADLINE_EXCEEDED (`whole_call`); nothing waits longer.
         run_timeout: keyword: seconds per rollout's `/run` (default
             `NEMO_GYM_GRPC_RUN_TIMEOUT`, else the bridge's `--run-timeout`).
         prompts, responses_create_params, include_reply: keyword: as `build_requests`.
@@ -208,27 +188,13 @@ def run_rollouts(
         RuntimeError: the embedded bridge could not be started.
         outcomes.ProtocolError: the bridge's results do not match the rollouts sent.
     """
-    config = _settings(target, batch_timeout, run_timeout)
-    batch = build_requests(
-        rows,
-        agent=agent,
-        batch_id=uuid.uuid4().hex[:16],
+    options = dict(
         prompts=prompts,
         responses_create_params=responses_create_params,
-        run_timeout=config.run_timeout,
         include_reply=include_reply,
     )
-    sent: Mapping[str, RunOutcome] = {}
-    if batch.requests:
-        address = config.target or embedded.ensure_bridge(_head_server_bridge())
-        sent = client.run_batch(
-            address,
-            batch.requests,
-            timeout=config.timeout,
-            connect_timeout=config.connect_timeout,
-            security=config.security,
-        )
-    return batch.outcomes(sent)
+    route, batch = _prepare(rows, agent, target, batch_timeout, run_timeout, options)
+    return batch.outcomes(route.send(stream.RUN, batch.requests))
 
 
 async def arun_rollouts(
@@ -245,26 +211,10 @@ async def arun_rollouts(
     """`run_rollouts` as a coroutine (grpc.aio on a channel of its own; an embedded bridge
     is started in a worker thread). Cancelling it cancels the `RunStream`, and the bridge
     closes the agents' `/run` requests. Arguments, outcomes and errors: as `run_rollouts`."""
-    config = _settings(target, batch_timeout, run_timeout)
-    batch = build_requests(
-        rows,
-        agent=agent,
-        batch_id=uuid.uuid4().hex[:16],
+    options = dict(
         prompts=prompts,
         responses_create_params=responses_create_params,
-        run_timeout=config.run_timeout,
         include_reply=include_reply,
     )
-    sent: Mapping[str, RunOutcome] = {}
-    if batch.requests:
-        address = config.target
-        if address is None:
-            address = await asyncio.to_thread(embedded.ensure_bridge, _head_server_bridge())
-        sent = await client.run_batch_async(
-            address,
-            batch.requests,
-            timeout=config.timeout,
-            connect_timeout=config.connect_timeout,
-            security=config.security,
-        )
-    return batch.outcomes(sent)
+    route, batch = _prepare(rows, agent, target, batch_timeout, run_timeout, options)
+    return batch.outcomes(await route.asend(stream.RUN, batch.requests))

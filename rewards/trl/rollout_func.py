@@ -14,14 +14,10 @@ NaN for a failed rollout), `num_turns` and `rollout_error` (None, or the failure
 "UNAVAILABLE (AGENT_UNAVAILABLE)"), so `reward_funcs=[reward_env]` trains on the agent's
 rewards. Tokens are stitched across turns as `stitch.py` says.
 
-From prompt to dataset row: TRL passes only the prompts, so each prompt is looked up among the
-dataset rows by its `prompt` value (equal JSON, see `RowIndex`): the trainer's own
-`train_dataset` and `eval_dataset` by default, or the `rows` given. The NeMo Gym row sent to the
-agent is the dataset row's `row_column` (default `verify_extra`, the whole NeMo Gym row as
-axolotl's NeMo Gym dataset loader stores it, as a dict or as JSON text), or, for a dataset
-without that column, the dataset row without its `prompt`. Its agent is its
-`agent_ref.name`, else `agent`. Rows whose prompts are equal must be equal too (else the
-lookup raises: it could not tell them apart).
+From prompt to dataset row: each prompt is looked up among the dataset rows (`rows.py`): the
+trainer's own `train_dataset` and `eval_dataset` by default, or the `rows` given. The NeMo Gym
+row sent to the agent is the dataset row's `row_column` (default `verify_extra`); its agent is
+its `agent_ref.name`, else `agent`.
 
 A failed rollout (any `Failure`, a masked sample, tokens that cannot be stitched) becomes
 `stitch.failed_sample`: a one-token EOS completion with `env_mask` 0 and reward NaN. It never
@@ -32,99 +28,20 @@ that is an outage, not a training signal.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_gym_grpc.rewards import policy, rollouts, settings
-from nemo_gym_grpc.rewards.outcomes import Failure, RunOutcome
-from nemo_gym_grpc.rewards.stitch import Sample, StitchError, failed_sample, stitch
+from nemo_gym_grpc.rewards.client import policy, rollouts, settings
+from nemo_gym_grpc.rewards.client.outcomes import Failure, RunOutcome
+from nemo_gym_grpc.rewards.trl.rows import RowIndex, nemo_gym_row, trainer_datasets
+from nemo_gym_grpc.rewards.trl.stitch import Sample, StitchError, failed_sample, stitch
 
 log = logging.getLogger("nemo_gym_grpc.rewards")
 
 RolloutFunc = Callable[[list[Any], Any], dict[str, list[Any]]]
-
-
-def prompt_key(prompt: Any) -> str:
-    """The lookup key of a TRL prompt (text, or a list of message dicts): its JSON with sorted
-    keys, so equal prompts have equal keys however their dicts were built."""
-    return json.dumps(prompt, sort_keys=True, default=repr)
-
-
-class RowIndex:
-    """Dataset rows by their `prompt`: the one way from TRL's prompts back to the rows.
-
-    Args:
-        dataset_rows: dicts each with a `prompt` (a `datasets.Dataset`, a list, ...).
-
-    Raises:
-        ValueError: a row has no `prompt`.
-    """
-
-    def __init__(self, dataset_rows: Iterable[Mapping[str, Any]]) -> None:
-        self._rows: dict[str, list[Mapping[str, Any]]] = {}
-        for index, row in enumerate(dataset_rows):
-            if "prompt" not in row:
-                raise ValueError(f"dataset row {index} has no `prompt` column")
-            same = self._rows.setdefault(prompt_key(row["prompt"]), [])
-            if row not in same:
-                same.append(row)
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def row(self, prompt: Any) -> Mapping[str, Any]:
-        """The dataset row whose `prompt` equals `prompt`.
-
-        Raises:
-            KeyError: no row has this prompt.
-            ValueError: rows that differ have this prompt.
-        """
-        rows = self._rows.get(prompt_key(prompt))
-        if not rows:
-            raise KeyError(f"no dataset row has the prompt {prompt!r:.200}")
-        if len(rows) > 1:
-            raise ValueError(
-                f"{len(rows)} different dataset rows have the prompt {prompt!r:.200}; a "
-                "rollout_func gets only the prompt, so rows must differ in their prompts"
-            )
-        return rows[0]
-
-
-def nemo_gym_row(dataset_row: Mapping[str, Any], row_column: str) -> dict[str, Any]:
-    """The NeMo Gym row of a dataset row: its `row_column` when that is a dict or the JSON
-    text of one (text keeps Arrow from filling other rows' keys in with None), else the
-    dataset row without `prompt`.
-
-    Raises:
-        ValueError: `row_column` holds text that is not a JSON object.
-    """
-    inner = dataset_row.get(row_column)
-    if isinstance(inner, str):
-        try:
-            inner = json.loads(inner)
-        except ValueError:
-            inner = None
-        if not isinstance(inner, Mapping):
-            raise ValueError(f"the {row_column!r} column holds text that is not a JSON object")
-    if isinstance(inner, Mapping):
-        return dict(inner)
-    return {key: value for key, value in dataset_row.items() if key != "prompt"}
-
-
-def _datasets(trainer: Any) -> list[Any]:
-    found = [getattr(trainer, "train_dataset", None)]
-    evaluation = getattr(trainer, "eval_dataset", None)
-    found += list(evaluation.values()) if isinstance(evaluation, Mapping) else [evaluation]
-    for dataset in found:
-        if dataset is not None and not hasattr(dataset, "__len__"):
-            raise TypeError(
-                "the trainer's dataset is iterable only (no length); pass its rows to "
-                "create_nemo_gym_rollout_func(rows=...)"
-            )
-    return [dataset for dataset in found if dataset is not None]
 
 
 def eos_token_id(trainer: Any) -> int:
@@ -195,21 +112,6 @@ def rollout_output(
     return output
 
 
-def _guard(failures: Mapping[int, Failure], total: int, fraction: float, where: str) -> None:
-    """Raise `ScoringError` above `fraction` of `total` failed; warn once about any failure."""
-    if not failures:
-        return
-    head = f"{len(failures)} of {total} rollouts failed"
-    if len(failures) / total > fraction:
-        raise policy.ScoringError(
-            f"{head}, more than max_failure_fraction={fraction:g} allows ({where}): "
-            f"{policy.summary(failures)}",
-            failures,
-            total,
-        )
-    log.warning("%s (reward NaN, completion masked; %s): %s", head, where, policy.summary(failures))
-
-
 def create_nemo_gym_rollout_func(
     agent: str | None = None,
     *,
@@ -234,13 +136,13 @@ def create_nemo_gym_rollout_func(
         target: keyword: the bridge's gRPC target (`NEMO_GYM_GRPC_TARGET`; unset too = an
             embedded bridge over the head server).
         batch_timeout: keyword: gRPC deadline of one call's `RunStream`, seconds
-            (`NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT`, 10800).
+            (`NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT`).
         run_timeout: keyword: seconds per rollout's `/run` (`NEMO_GYM_GRPC_RUN_TIMEOUT`).
         trainer_sampling: keyword: set `temperature` and `top_p` of every row's
             `responses_create_params` to the trainer's (`GRPOConfig.temperature`, `top_p`),
             so the agent's policy model samples as the trainer assumes. Default True.
         max_failure_fraction: keyword: raise `ScoringError` when more than this fraction of
-            one call's rollouts failed (`NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`, 0.5).
+            one call's rollouts failed (`NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`).
 
     Returns:
         `rollout_func(prompts, trainer) -> dict` for `GRPOTrainer(rollout_func=...)`.
@@ -250,47 +152,75 @@ def create_nemo_gym_rollout_func(
             row (KeyError) or several different rows, a setting's env var is invalid.
         ScoringError: at a call: too many rollouts failed.
     """
-    if batch_timeout is not None:
-        batch_timeout = settings.check_seconds(batch_timeout, "batch_timeout")
-    if run_timeout is not None:
-        run_timeout = settings.check_seconds(run_timeout, "run_timeout")
-    if max_failure_fraction is not None:
-        max_failure_fraction = settings.check_fraction(max_failure_fraction)
-    given = RowIndex(rows) if rows is not None else None
-    built: dict[int, tuple[Any, RowIndex]] = {}  # id(trainer) -> (trainer, its index)
+    return _RolloutFunc(
+        agent=agent,
+        given=RowIndex(rows) if rows is not None else None,
+        row_column=row_column,
+        target=target,
+        batch_timeout=settings.optional(settings.check_seconds, batch_timeout, "batch_timeout"),
+        run_timeout=settings.optional(settings.check_seconds, run_timeout, "run_timeout"),
+        trainer_sampling=trainer_sampling,
+        max_failure_fraction=settings.optional(
+            settings.check_fraction, max_failure_fraction, "max_failure_fraction"
+        ),
+    )
 
-    def index_for(trainer: Any) -> RowIndex:
-        if given is not None:
-            return given
-        entry = built.get(id(trainer))
+
+@dataclass
+class _RolloutFunc:
+    """What `create_nemo_gym_rollout_func` returns: its settings (None = the environment's,
+    read at each call) and the row index of each trainer it served."""
+
+    agent: str | None
+    given: RowIndex | None
+    row_column: str
+    target: str | None
+    batch_timeout: float | None
+    run_timeout: float | None
+    trainer_sampling: bool
+    max_failure_fraction: float | None
+    # id(trainer) -> (trainer, the index of its datasets)
+    built: dict[int, tuple[Any, RowIndex]] = field(default_factory=dict)
+
+    def index_for(self, trainer: Any) -> RowIndex:
+        """The rows given, else the index of `trainer`'s datasets (built on first use)."""
+        if self.given is not None:
+            return self.given
+        entry = self.built.get(id(trainer))
         if entry is None or entry[0] is not trainer:
-            dataset_rows = [row for dataset in _datasets(trainer) for row in dataset]
-            entry = built[id(trainer)] = (trainer, RowIndex(dataset_rows))
+            dataset_rows = [row for dataset in trainer_datasets(trainer) for row in dataset]
+            entry = self.built[id(trainer)] = (trainer, RowIndex(dataset_rows))
         return entry[1]
 
-    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         """NeMo Gym rollouts for TRL's `prompts` (one per entry); see
         `create_nemo_gym_rollout_func`."""
-        index = index_for(trainer)
-        batch_rows = [nemo_gym_row(index.row(prompt), row_column) for prompt in prompts]
+        index = self.index_for(trainer)
+        batch_rows = [nemo_gym_row(index.row(prompt), self.row_column) for prompt in prompts]
         sampling = (
             {"temperature": float(trainer.temperature), "top_p": float(trainer.top_p)}
-            if trainer_sampling
+            if self.trainer_sampling
             else None
         )
         outcomes = rollouts.run_rollouts(
             batch_rows,
-            agent=agent,
-            target=target,
-            batch_timeout=batch_timeout,
-            run_timeout=run_timeout,
+            agent=self.agent,
+            target=self.target,
+            batch_timeout=self.batch_timeout,
+            run_timeout=self.run_timeout,
             prompts=prompts,
             responses_create_params=sampling,
         )
         failures: dict[int, Failure] = {}
         output = rollout_output(outcomes, eos_token_id(trainer), failures)
-        fraction = settings.resolve(max_failure_fraction, settings.max_failure_fraction)
-        _guard(failures, len(prompts), fraction, f"rollout_func, {len(prompts)} prompts")
+        policy.guard(
+            failures,
+            len(prompts),
+            max_failure_fraction=settings.resolve(
+                self.max_failure_fraction, settings.max_failure_fraction
+            ),
+            where=f"rollout_func, {len(prompts)} prompts",
+            what="rollouts",
+            gives="reward NaN, completion masked",
+        )
         return output
-
-    return rollout_func

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from nemo_gym_grpc.rewards.outcomes import LOGPROBS_MISMATCH, NO_TOKENS, TURNS_NOT_CONTIGUOUS
+from nemo_gym_grpc.rewards.client.outcomes import LOGPROBS_MISMATCH, NO_TOKENS, TURNS_NOT_CONTIGUOUS
 
 
 class TurnTokens(Protocol):

@@ -1,0 +1,1 @@
+"""One-off measurements behind docs/performance.md (`python -m benchmarks.experiments.NAME`)."""

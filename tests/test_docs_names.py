@@ -1,0 +1,89 @@
+"""Every Python name the README and docs/ show resolves where they show it: dotted paths
+(`nemo_gym_grpc.rewards.reward_nemo_gym_verify`, `pkg://nemo_gym_grpc.rewards.verl`), the
+names of `from nemo_gym_grpc... import ...` lines, and the attribute a verl config names next
+to its `pkg://` module. A gRPC service name (`nemo_gym_grpc.v1.VerifyService`) must be a
+service of the contract. Names in verl_manager (which imports verl) resolve in verl's venv."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from google.protobuf import descriptor_pool
+
+from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2  # noqa: F401 (their services in the pool)
+from tests.stacks_common import VERL_PYTHON
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOTTED = re.compile(r"\bnemo_gym_grpc(?:\.\w+)+")
+FROM_IMPORT = re.compile(r"from (nemo_gym_grpc[\w.]*) import ([\w, ]+)")
+# verl's Hydra keys: `...path=pkg://MODULE` then, on a line after it, `...name=ATTRIBUTE`
+PKG_THEN_NAME = re.compile(r"pkg://(nemo_gym_grpc[\w.]+)\s*\n[#\s]*[\w.]*\.name=(\w+)")
+NEEDS_VERL = "nemo_gym_grpc.rewards.verl_manager"
+
+
+def shown_names() -> list[str]:
+    """Every dotted name the docs show, once."""
+    names: set[str] = set()
+    for path in DOCS:
+        text = path.read_text()
+        names.update(DOTTED.findall(text))
+        for module, imported in FROM_IMPORT.findall(text):
+            names.update(f"{module}.{name.strip()}" for name in imported.split(","))
+        names.update(f"{module}.{name}" for module, name in PKG_THEN_NAME.findall(text))
+    return sorted(names)
+
+
+def resolve(name: str) -> object:
+    """The object a dotted name names: its longest importable module, then attributes."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as exc:
+            if exc.name and not name.startswith(exc.name):
+                raise  # a dependency is missing, not this name
+            continue
+        for attribute in parts[cut:]:
+            found = getattr(found, attribute)
+        return found
+    raise ModuleNotFoundError(name)
+
+
+def test_the_docs_show_the_public_names():
+    names = shown_names()
+    for expected in (
+        "nemo_gym_grpc.rewards.reward_nemo_gym_verify",
+        "nemo_gym_grpc.rewards.verl.compute_score",
+        "nemo_gym_grpc.rewards.slime.group_reward",
+        "nemo_gym_grpc.rewards.create_nemo_gym_rollout_func",
+        "nemo_gym_grpc.rewards.openrlhf.reward_func",
+        "nemo_gym_grpc.rewards.verl_manager.NemoGymRewardManager",
+    ):
+        assert expected in names  # the scan finds each kind of mention
+
+
+@pytest.mark.parametrize("name", [n for n in shown_names() if not n.startswith(NEEDS_VERL)])
+def test_each_name_the_docs_show_resolves(name):
+    if name.startswith("nemo_gym_grpc.v1.") and name.endswith("Service"):
+        assert descriptor_pool.Default().FindServiceByName(name)
+        return
+    assert resolve(name) is not None
+
+
+def test_the_verl_names_the_docs_show_resolve_in_verls_venv():
+    names = [n for n in shown_names() if n.startswith(NEEDS_VERL)]
+    assert names
+    if not VERL_PYTHON.exists():
+        pytest.fail(f"{VERL_PYTHON} missing: `make dev` builds it (verl 0.9.1)", pytrace=False)
+    module, _, attribute = max(names).rpartition(".")
+    code = f"import {module} as m; print(getattr(m, {attribute!r}).__name__)"
+    done = subprocess.run(
+        [str(VERL_PYTHON), "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == attribute
