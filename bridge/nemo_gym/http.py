@@ -20,6 +20,7 @@ import aiohttp
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.nemo_gym import reports
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +49,15 @@ def request_id_header(request_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """An upstream's answer to one POST: HTTP status, body, the cookies it set, and the
-    seconds from sending the request to reading the whole body."""
+    """An upstream's answer to one POST: HTTP status, body, the cookies it set, the seconds
+    from sending the request to reading the whole body, and its failure report header
+    (`reports.bounded`; "" without one)."""
 
     status: int
     body: bytes
     cookies: Mapping[str, Morsel[str]]
     seconds: float
+    failure_report: str = ""
 
 
 class Refused(errors.ItemError):
@@ -105,7 +108,8 @@ async def post(
             raw = await reply.read()
             seconds = time.monotonic() - started
             log.debug("%s: HTTP %d, %.3f s, request_id=%s", url, reply.status, seconds, header)
-            return Reply(reply.status, raw, reply.cookies, seconds)
+            report = reports.bounded(reply.headers.get(reports.HEADER))
+            return Reply(reply.status, raw, reply.cookies, seconds, report)
     except (asyncio.TimeoutError, TimeoutError):
         error = _timed_out(url, timeout, queued)
     except aiohttp.ClientError as exc:

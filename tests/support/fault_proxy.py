@@ -31,7 +31,7 @@ import asyncio
 import re
 import threading
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -53,6 +53,8 @@ class Fault:
         status: HTTP status for `status` / `reply`.
         body: reply body for `status` / `reply`.
         seconds: wait this long before acting (a slow upstream).
+        headers: reply headers added to the answer of `pass`, `status`, `reply` and `delay`
+            (what no real server sends yet, e.g. `X-NG-Failure-Report`).
         hits: how many requests this fault was applied to (counted by the proxy).
     """
 
@@ -62,6 +64,7 @@ class Fault:
     status: int = 200
     body: bytes = b""
     seconds: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
     hits: int = 0
 
     def applies(self, body: bytes) -> bool:
@@ -219,9 +222,8 @@ class FaultProxy:
                 request.transport.close()
             await asyncio.Event().wait()  # ends when the connection does (cancellation)
         if action == "status":
-            return web.Response(
-                status=fault.status, body=fault.body, headers={"Content-Type": "application/json"}
-            )
+            headers = {"Content-Type": "application/json", **fault.headers}
+            return web.Response(status=fault.status, body=fault.body, headers=headers)
         status, payload, content_type = await self._forward(request, body)
         if action == "reply":
             payload = fault.body
@@ -237,4 +239,5 @@ class FaultProxy:
         headers = CIMultiDict({"Content-Type": content_type})
         for cookie in request.get(_SET_COOKIE, ()):
             headers.add("Set-Cookie", cookie)
+        headers.update(fault.headers if fault is not None else {})
         return web.Response(status=status, body=payload, headers=headers)
