@@ -31,7 +31,7 @@ from tests.support import BridgeProcess, Knobs, free_ports, start_bridge
 from tests.support.docs import python_block
 from tests.support.policy_model import WEATHER_TOOL
 from tests.support.waiting import wait_until
-from tests.test_rollouts_client import masked_row, weather_rows
+from tests.test_rollouts_client import masked_row, run_over_http, weather_rows
 from tests.test_trl_rollouts import toy_tokenizer
 
 pytestmark = pytest.mark.nemo_gym_07  # the masked row's agent (judge_failsafe) is 0.7 only
@@ -100,7 +100,7 @@ def calls_tool(completion: list[dict[str, Any]]) -> bool:
 
 
 def test_async_grpo_trains_on_the_rollouts_as_they_finish(
-    agent_stack, nemo_gym_venv, bridge, tmp_path
+    agent_stack, nemo_gym_venv, bridge, tmp_path, caplog
 ):
     import torch
     from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer
@@ -179,6 +179,9 @@ def test_async_grpo_trains_on_the_rollouts_as_they_finish(
     logged = trainer.state.log_history
     assert sum(e.get("nemo_gym/dropped_groups_total", 0) for e in logged) >= 1
     assert sum(e.get("nemo_gym/failures/judge_failed_total", 0) for e in logged) >= 2
+    reason = run_over_http(agent_stack, masked)["failure_reason"]  # the agent's own
+    warnings = [r.getMessage() for r in caplog.records if r.name == "nemo_gym_grpc.rewards"]
+    assert any("judge_failed" in w and reason[:100] in w for w in warnings), warnings
     assert not math.isnan(steps[-1]["reward"])
     paths = [c.path for c in policy.calls]
     for route in ("/health", "/v1/models", "/get_world_size", "/init_weight_transfer_engine"):
