@@ -55,12 +55,14 @@ class BadReply(ValueError):
 
 @dataclass(slots=True)
 class Response:
-    """A whole reply: HTTP status, body (decoded when it was gzip / deflate) and the values of
-    its `Set-Cookie` headers, in order."""
+    """A whole reply: HTTP status, body (decoded when it was gzip / deflate), the values of
+    its `Set-Cookie` headers, in order, and of the headers its client keeps (`Client(keep=)`,
+    by lowercase name; the last one wins)."""
 
     status: int
     body: bytes
     set_cookies: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=1024)
@@ -106,8 +108,9 @@ def _unsafe(text: str) -> bool:
 class _Connection(asyncio.Protocol):
     """One TCP connection and the reply being read on it (httptools' callbacks)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, keep: frozenset[bytes]) -> None:
         self._loop = loop
+        self._keep = keep
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[Response] | None = None
@@ -119,6 +122,7 @@ class _Connection(asyncio.Protocol):
         self._status = 0
         self._body: list[bytes] = []
         self._cookies: list[str] = []
+        self._kept: dict[str, str] = {}
         self._framed = False  # Content-Length or chunked: the end is not the connection's
         self._encoding = b""
         self._head_bytes = 0
@@ -167,6 +171,8 @@ class _Connection(asyncio.Protocol):
             self._framed = True
         elif lowered == b"content-encoding":
             self._encoding = value.lower()
+        elif lowered in self._keep:
+            self._kept[lowered.decode("latin-1")] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -197,7 +203,7 @@ class _Connection(asyncio.Protocol):
                 self._fail(BadReply(f"reply body does not decode as {self._encoding!r}: {exc}"))
                 return
         self.reusable = keep_alive
-        waiter.set_result(Response(self._status, body, self._cookies))
+        waiter.set_result(Response(self._status, body, self._cookies, self._kept))
 
     def _fail(self, exc: Exception) -> None:
         self.reusable = False
@@ -254,10 +260,14 @@ class Client:
 
     Args:
         keepalive_timeout: seconds an idle connection is kept.
+        keep: names of the reply headers (besides Set-Cookie) each `Response.kept` holds.
     """
 
-    def __init__(self, keepalive_timeout: float = KEEPALIVE_TIMEOUT) -> None:
+    def __init__(
+        self, keepalive_timeout: float = KEEPALIVE_TIMEOUT, keep: Iterable[str] = ()
+    ) -> None:
         self._keepalive = keepalive_timeout
+        self._keep = frozenset(name.lower().encode("latin-1") for name in keep)
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._busy: set[_Connection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
@@ -333,7 +343,7 @@ class Client:
     async def _connect(
         self, loop: asyncio.AbstractEventLoop, host: str, port: int, deadline: float
     ) -> _Connection:
-        connection = _Connection(loop)
+        connection = _Connection(loop, self._keep)
         connecting = loop.create_connection(lambda: connection, host, port)
         try:
             if sys.version_info >= (3, 11):  # a timer, not wait_for's task per connection

@@ -31,7 +31,7 @@ from nemo_gym_grpc.bridge import attempts, errors, run_validation
 from nemo_gym_grpc.bridge.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.balancer import Balancer, Replica, Slots, SlotTimeout
 from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
-from nemo_gym_grpc.bridge.nemo_gym import episodes, http
+from nemo_gym_grpc.bridge.nemo_gym import episodes, http, reports
 from nemo_gym_grpc.bridge.nemo_gym.head import ENVIRONMENT
 from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply, post
 from nemo_gym_grpc.bridge.nemo_gym.run import RUN_PATH, Ran, read_rollout
@@ -225,6 +225,7 @@ class Runner:
                 ran = read_rollout(parse_reply(reply.body, url), url, include_reply)
         except errors.ItemError as exc:
             exc.latency_seconds = reply.seconds
+            reports.attach(exc, reply.failure_report)
             raise
         return ran, reply.seconds
 

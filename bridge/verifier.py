@@ -23,7 +23,7 @@ from nemo_gym_grpc.bridge import attempts, errors, validation
 from nemo_gym_grpc.bridge.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.balancer import Balancer, Replica, SlotTimeout
 from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
-from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation, http, sessions
+from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation, http, reports, sessions
 from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply, post
 from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, SEED_PATH
 from nemo_gym_grpc.bridge.nemo_gym.verify import VERIFY_PATH, Scored, read_verify_reply
@@ -204,6 +204,7 @@ class Verifier:
             return read_verify_reply(reply.body, url, call.include_reply), reply.seconds
         except errors.ItemError as exc:
             exc.latency_seconds = reply.seconds
+            reports.attach(exc, reply.failure_report)
             _no_reverify(exc, caps, sent=True)
             raise
 

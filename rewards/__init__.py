@@ -13,6 +13,9 @@ Drop-in for axolotl's `axolotl.integrations.nemo_gym.rewards` (same names and ca
 - `reward_env`: passthrough of a precomputed `env_reward` (the rollouts' rewards).
 - `create_nemo_gym_rollout_func(agent, ...)`: a TRL `rollout_func` running each prompt as a
   NeMo Gym rollout (agent `/run`) over one gRPC `RunStream` per call.
+- `create_nemo_gym_rollout_worker(rows, args, agent, ...)`: a `rollout_worker` for TRL 1.16's
+  `AsyncGRPOTrainer`: rollouts kept in flight on one long-lived `RunStream`, trained on as
+  their groups finish.
 - `run_rollouts(rows, agent=..., target=...)` / `arun_rollouts`: NeMo Gym dataset rows ->
   rollouts, one outcome per row.
 - `ScoringError`: raised when a call fails under its failure policy.
@@ -55,6 +58,9 @@ if TYPE_CHECKING:  # the same names, for type checkers (the `as` marks a re-expo
     from nemo_gym_grpc.rewards.trl.rollout_func import (
         create_nemo_gym_rollout_func as create_nemo_gym_rollout_func,
     )
+    from nemo_gym_grpc.rewards.trl.rollout_worker import (
+        create_nemo_gym_rollout_worker as create_nemo_gym_rollout_worker,
+    )
 
 # Each public name -> the module that defines it.
 _HOMES = {
@@ -66,6 +72,7 @@ _HOMES = {
     "reward_nemo_gym_verify": "nemo_gym_grpc.rewards.trl.functions",
     "reward_nemo_gym_verify_async": "nemo_gym_grpc.rewards.trl.functions",
     "create_nemo_gym_rollout_func": "nemo_gym_grpc.rewards.trl.rollout_func",
+    "create_nemo_gym_rollout_worker": "nemo_gym_grpc.rewards.trl.rollout_worker",
 }
 
 __all__ = sorted(_HOMES)

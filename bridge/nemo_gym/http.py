@@ -23,8 +23,11 @@ import aiohttp
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors, plain_http
+from nemo_gym_grpc.bridge.nemo_gym import reports
 
 log = logging.getLogger(__name__)
+# `plain_http.Response.kept` holds the failure report header under its lowercase name.
+REPORT_HEADER_KEY = reports.HEADER.lower()
 
 LIVENESS_PATH = "/"
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -52,12 +55,14 @@ def request_id_header(request_id: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Reply:
     """An upstream's answer to one POST: HTTP status, body, the values of its `Set-Cookie`
-    headers, and the seconds from sending the request to reading the whole body."""
+    headers, the seconds from sending the request to reading the whole body, and its failure
+    report header (`reports.bounded`; "" without one)."""
 
     status: int
     body: bytes
     set_cookies: list[str]
     seconds: float
+    failure_report: str = ""
 
     @property
     def cookies(self) -> SimpleCookie:
@@ -85,7 +90,7 @@ class Client:
 
     def __init__(self, session: aiohttp.ClientSession, *, builtin: bool = True) -> None:
         self.session = session
-        self.plain = plain_http.Client() if builtin else None
+        self.plain = plain_http.Client(keep=(reports.HEADER,)) if builtin else None
 
     async def aclose(self) -> None:
         """Close the `plain_http` connections (the session is its owner's to close)."""
@@ -135,7 +140,8 @@ async def post(
     try:
         if plain is not None and url.startswith("http://"):
             got = await plain.post(url, body, headers.items(), timeout)
-            reply = Reply(got.status, got.body, got.set_cookies, time.monotonic() - started)
+            report = reports.bounded(got.kept.get(REPORT_HEADER_KEY))
+            reply = Reply(got.status, got.body, got.set_cookies, time.monotonic() - started, report)
         else:
             reply = await _aiohttp_post(client.session, url, body, headers, timeout, started)
     except (asyncio.TimeoutError, TimeoutError):
@@ -164,7 +170,8 @@ async def _aiohttp_post(
     ) as reply:
         raw = await reply.read()
         seconds = time.monotonic() - started
-        return Reply(reply.status, raw, reply.headers.getall("Set-Cookie", []), seconds)
+        report = reports.bounded(reply.headers.get(reports.HEADER))
+        return Reply(reply.status, raw, reply.headers.getall("Set-Cookie", []), seconds, report)
 
 
 def _timed_out(url: str, timeout: float, queued: float) -> errors.ItemError:

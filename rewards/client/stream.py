@@ -5,10 +5,9 @@ this process's embedded bridge, with the TLS files, token, deadline and connect 
 
 Every adapter sends through a `Route`: the reward functions, the rollouts, the verl, slime and
 OpenRLHF adapters and `score` resolve one (`Route.resolve`) and send each batch with `send` or
-`asend`. `Call` is the same for both RPCs (`VERIFY`, `RUN`) and both faces: it checks the
-requests (unique ids, each within the message limit), chunks them into messages, matches
-results by `request_id`, and at the end gives every item without a result the call's own
-failure (`Failure.whole_call`). `send` drives it over grpcio on the process's shared channel
+`asend`; the AsyncGRPOTrainer worker's long-lived feed (`live.py`) opens its calls on one too.
+`Call` (the books of one call) is the same for both RPCs (`VERIFY`, `RUN`), both faces and the
+feed. `send` drives it over grpcio on the process's shared channel
 (`channels.shared`); `asend` over grpc.aio on a channel of its own, closed before it returns,
 so it can be awaited from any event loop in any thread, one call after another or at the same
 time (a loopback handshake, about a millisecond, per call).
@@ -130,10 +129,10 @@ class Call(Generic[Req, Res, Msg]):
     item without a result gets that call's `Failure` (`whole_call`). An item bigger than the
     message limit fails alone (INVALID_ARGUMENT / ITEM_TOO_LARGE) without being sent.
 
-    `__init__` fails those items up front (`sendable` holds the rest), `start` gives the
-    messages and the time left, `on_message` records results, `reading` records the call's
-    own failure (and `on_no_connection` the lack of a connection), `finish` returns every
-    outcome.
+    `__init__` books the items (`add`; a long-lived call, `live.py`, books more as they come
+    and `take`s each outcome as it arrives), `start` gives the messages and the time left,
+    `on_message` records results, `reading` the call's own failure (`on_no_connection`: no
+    connection at all), `finish` returns every outcome.
 
     Args:
         rpc: `VERIFY` (outcomes: `VerifyResponse` or `Failure`) or `RUN` (`RunResponse`, its
@@ -167,13 +166,16 @@ class Call(Generic[Req, Res, Msg]):
         self.connect_wait = min(connect_timeout, timeout)
         self.deadline = time.monotonic() + timeout
         self.outcomes: dict[str, Res | Failure] = {}
-        self.sendable: list[Req] = []
         self.failure: Failure | None = None
-        ids: set[str] = set()
+        self.sent: set[str] = set()
+        self.sendable = self.add(requests)
+
+    def add(self, requests: Sequence[Req]) -> list[Req]:
+        """Book `requests`; those to send are returned (the others fail: ITEM_TOO_LARGE)."""
+        sendable: list[Req] = []
         for request in requests:
-            if request.request_id in ids:
+            if request.request_id in self.sent or request.request_id in self.outcomes:
                 raise ValueError(f"duplicate request_id {request.request_id!r}")
-            ids.add(request.request_id)
             size = request.ByteSize()
             if size > MAX_ITEM_BYTES:
                 self.outcomes[request.request_id] = Failure(
@@ -182,8 +184,14 @@ class Call(Generic[Req, Res, Msg]):
                     f"item is {size} bytes; the gRPC message limit is {MAX_MESSAGE_BYTES} bytes",
                 )
             else:
-                self.sendable.append(request)
-        self.sent = {request.request_id for request in self.sendable}
+                self.sent.add(request.request_id)
+                sendable.append(request)
+        return sendable
+
+    def take(self, request_id: str) -> Res | Failure:
+        """`request_id`'s outcome, dropped from the books (KeyError: none yet)."""
+        self.sent.discard(request_id)
+        return self.outcomes.pop(request_id)
 
     def start(self) -> tuple[Iterator[Msg], float]:
         """The messages to send and the seconds left for the call."""
@@ -359,10 +367,7 @@ class Route:
         return await asyncio.to_thread(embedded.ensure_bridge, self.spec())
 
     def call(
-        self,
-        rpc: Rpc[Req, Res, Msg],
-        address: str,
-        requests: Sequence[Req],
+        self, rpc: Rpc[Req, Res, Msg], address: str, requests: Sequence[Req]
     ) -> Call[Req, Res, Msg]:
         """A `Call` of `requests` to the bridge at `address`, on this route's terms."""
         return Call(

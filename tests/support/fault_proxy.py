@@ -36,7 +36,7 @@ import socket
 import struct
 import threading
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -60,6 +60,8 @@ class Fault:
         seconds: wait this long before acting (a slow upstream).
         pieces: parts of the body for `trickle` and `chunked`.
         pace: seconds between those parts.
+        headers: reply headers added to the answer of `pass`, `status`, `reply` and `delay`
+            (what no real server sends yet, e.g. `X-NG-Failure-Report`).
         hits: how many requests this fault was applied to (counted by the proxy).
     """
 
@@ -71,6 +73,7 @@ class Fault:
     seconds: float = 0.0
     pieces: int = 4
     pace: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
     hits: int = 0
 
     def applies(self, body: bytes) -> bool:
@@ -232,9 +235,8 @@ class FaultProxy:
                 request.transport.close()
             await asyncio.Event().wait()  # ends when the connection does (cancellation)
         if action == "status":
-            return web.Response(
-                status=fault.status, body=fault.body, headers={"Content-Type": "application/json"}
-            )
+            headers = {"Content-Type": "application/json", **fault.headers}
+            return web.Response(status=fault.status, body=fault.body, headers=headers)
         status, payload, content_type = await self._forward(request, body)
         if action == "reply":
             payload = fault.body
@@ -250,6 +252,7 @@ class FaultProxy:
         headers = CIMultiDict({"Content-Type": content_type})
         for cookie in request.get(_SET_COOKIE, ()):
             headers.add("Set-Cookie", cookie)
+        headers.update(fault.headers if fault is not None else {})
         if action in ("trickle", "chunked"):
             return await _in_pieces(request, status, headers, payload, fault)
         return web.Response(status=status, body=payload, headers=headers)
