@@ -25,9 +25,10 @@ Load by dotted path, e.g. in an axolotl config
 Configuration is by environment variable: the list is in `client/settings.py`.
 
 Subpackages: `client` (the machinery every adapter shares: settings, channels, the one stream
-call, outcomes, the embedded bridge, the failure policy), `trl` (the TRL adapter), `tools`
-(the `nemo-gym-grpc` command line: `score`, `export`); modules `verl`, `verl_manager`, `slime`
-and `openrlhf` (those trainers' adapters, on `stacks`).
+call, outcomes, the embedded bridge, the failure policy), `trl` (the TRL adapter), `axolotl`
+(the axolotl plugin, on `trl`), `tools` (the `nemo-gym-grpc` command line: `score`,
+`export`); modules `verl`, `verl_manager`, `slime` and `openrlhf` (those trainers' adapters,
+on `stacks`).
 
 The names above load on first use (PEP 562), so importing this package (as the command line
 does for `serve`) loads no gRPC client and changes nothing; `nemo_gym_grpc.rewards.client` sets
