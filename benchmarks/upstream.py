@@ -1,5 +1,6 @@
 """A scripted NeMo Gym-like resources server for benchmarks: `POST /verify` answers
-`{"reward": 1.0}` after a fixed latency; `GET /` answers `{"status": "ok"}` (liveness).
+`{"reward": 1.0}` after a fixed latency; `GET /` answers `{"status": "ok"}` (liveness);
+`GET /count` the number of connections accepted so far (connection reuse, issue 22).
 
 Written on plain asyncio (one `Protocol` per connection, HTTP/1.1 keep-alive, no framework),
 so it costs a few tens of microseconds of CPU per request: on a 2-core machine the upstream
@@ -31,6 +32,8 @@ def _response(status: bytes, body: bytes) -> bytes:
 class _Http(asyncio.Protocol):
     """One client connection: parses requests in order and answers each one."""
 
+    accepted = 0  # connections made, over all instances
+
     def __init__(self, latency: float) -> None:
         self.latency = latency
         self.buffer = b""
@@ -39,6 +42,7 @@ class _Http(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        _Http.accepted += 1
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -64,6 +68,8 @@ class _Http(asyncio.Protocol):
                 return
         elif method == b"GET" and path == b"/":
             reply = _response(b"200 OK", HEALTH_REPLY)
+        elif method == b"GET" and path == b"/count":
+            reply = _response(b"200 OK", str(_Http.accepted).encode())
         else:
             reply = _response(b"404 Not Found", b'{"detail": "Not Found"}')
         self._write(reply)

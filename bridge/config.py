@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_grpc.bridge.attempts import RetryPolicy
+from nemo_gym_grpc.bridge.contract import MAX_MESSAGE_BYTES, RUN_TIMEOUT_ENV, TOKEN_ENV, MiB
 from nemo_gym_grpc.bridge.flags import (
     Flag,
     http_url,
@@ -29,10 +30,6 @@ from nemo_gym_grpc.bridge.flags import (
     server_entry,
     token_file,
 )
-
-MiB = 1024 * 1024
-# The bearer token clients must send; the trainer side reads the same name (rewards/settings.py).
-TOKEN_ENV = "NEMO_GYM_GRPC_TOKEN"
 
 
 def _same(value: Any) -> Any:
@@ -129,6 +126,7 @@ class BridgeConfig:
         "(RunRequest.timeout_seconds overrides it; the RPC deadline cuts it)",
         type=positive_float,
         default=3600.0,
+        env=RUN_TIMEOUT_ENV,
         metavar="SECONDS",
     )
     session_servers: tuple[str, ...] = option(
@@ -148,6 +146,14 @@ class BridgeConfig:
         default=False,
         kind="switch",
         convert=lambda off: not off,
+    )
+    upstream_client: str = option(
+        "--upstream-client",
+        "what carries the POSTs to http:// upstreams: builtin (the bridge's own HTTP/1.1 "
+        "client, a fifth of aiohttp's CPU per call) or aiohttp (https:// upstreams always "
+        "use aiohttp)",
+        default="builtin",
+        choices=("builtin", "aiohttp"),
     )
     verify_timeout: float = option(
         "--verify-timeout",
@@ -214,7 +220,7 @@ class BridgeConfig:
         "--max-message-mb",
         "gRPC message size limit in MiB, both directions",
         type=positive_int,
-        default=64,
+        default=MAX_MESSAGE_BYTES // MiB,
         metavar="MIB",
         convert=lambda mb: mb * MiB,
     )

@@ -15,8 +15,8 @@ are `attempts.RetryPolicy`'s (`--retry-attempts`, `--retry-budget`).
 
 Every call ends in exactly one `RunResponse`: the rollout, or a per-rollout `error`. The only
 exception that escapes is `asyncio.CancelledError` (the RPC was cancelled or the bridge shuts
-down); the agent's HTTP request is then closed (aiohttp closes the connection of a cancelled
-request) and the agent's slot freed.
+down); the agent's HTTP request is then closed (`nemo_gym.http.post` closes the connection of a
+cancelled request: NeMo Gym 0.7 cancels the rollout's handler) and the agent's slot freed.
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ import asyncio
 import logging
 import time
 
-import aiohttp
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import attempts, errors, run_validation
 from nemo_gym_grpc.bridge.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.balancer import Balancer, Replica, Slots, SlotTimeout
 from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
-from nemo_gym_grpc.bridge.nemo_gym import episodes
+from nemo_gym_grpc.bridge.nemo_gym import episodes, http, reports
 from nemo_gym_grpc.bridge.nemo_gym.head import ENVIRONMENT
 from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply, post
 from nemo_gym_grpc.bridge.nemo_gym.run import RUN_PATH, Ran, read_rollout
@@ -49,7 +48,7 @@ class Runner:
 
     Args:
         agents: the AGENTS routing table (name -> base URLs and protocol).
-        session: the bridge's aiohttp session (no cookie jar; see `Verifier`).
+        client: the bridge's upstream HTTP client (`nemo_gym.http.Client`).
         default_timeout: seconds of one `/run` call when the rollout sets none
             (`--run-timeout`).
         concurrency: most rollouts in flight per agent name, all replicas together
@@ -67,7 +66,7 @@ class Runner:
     def __init__(
         self,
         agents: Upstreams,
-        session: aiohttp.ClientSession,
+        client: http.Client,
         *,
         default_timeout: float,
         concurrency: int,
@@ -76,7 +75,7 @@ class Runner:
         metrics: Metrics,
     ) -> None:
         self.agents = agents
-        self._session = session
+        self._client = client
         self._default_timeout = default_timeout
         self._concurrency = concurrency
         self._retry = retry
@@ -203,7 +202,7 @@ class Runner:
         started = time.monotonic()
         try:
             reply = await post(
-                self._session, url, body, timeout=timeout, request_id=request.request_id
+                self._client, url, body, timeout=timeout, request_id=request.request_id
             )
         except errors.ItemError as exc:
             self.metrics.rollout_call(name, exc.latency_seconds)
@@ -226,6 +225,7 @@ class Runner:
                 ran = read_rollout(parse_reply(reply.body, url), url, include_reply)
         except errors.ItemError as exc:
             exc.latency_seconds = reply.seconds
+            reports.attach(exc, reply.failure_report)
             raise
         return ran, reply.seconds
 

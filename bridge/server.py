@@ -23,6 +23,7 @@ from nemo_gym_grpc.bridge.contract import SERVICES
 from nemo_gym_grpc.bridge.health import NOT_SERVING, Readiness
 from nemo_gym_grpc.bridge.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
 from nemo_gym_grpc.bridge.metrics import Metrics, start_metrics_server
+from nemo_gym_grpc.bridge.nemo_gym import http
 from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
 from nemo_gym_grpc.bridge.rollout_service import RolloutService, add_rollout_service
 from nemo_gym_grpc.bridge.runner import Runner
@@ -98,17 +99,18 @@ class Bridge:
     runner: Runner
 
 
-async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
+async def build(config: BridgeConfig, client: http.Client) -> Bridge:
     """Wire a bridge for `config` on the running event loop: routing tables (resources
     servers; agents and environment servers), interceptors (token auth, stream limit),
     metrics, the verify and run flows, services (VerifyService, RolloutService, health,
     reflection) and the bound port. `config` is taken as checked (`check_exposure`,
-    `check_limits`); `session` is used for every upstream call and must keep no cookies.
+    `check_limits`); `client` carries every upstream call.
 
     Raises:
         RuntimeError: the listen address cannot be bound.
         OSError: a TLS file cannot be read.
     """
+    session = client.session
     upstreams, agents = _routing_tables(config, session)
     stream_limit = StreamLimitInterceptor(config.max_streams)
     interceptors: list[grpc.aio.ServerInterceptor] = [stream_limit]
@@ -116,7 +118,7 @@ async def build(config: BridgeConfig, session: aiohttp.ClientSession) -> Bridge:
         interceptors.insert(0, BearerTokenInterceptor(config.token))
     server = grpc.aio.server(options=grpc_options(config), interceptors=interceptors)
     metrics = Metrics()
-    verifier, runner = _flows(config, session, upstreams, agents, metrics)
+    verifier, runner = _flows(config, client, upstreams, agents, metrics)
     metrics.watch(verifier.balancer, lambda: stream_limit.active)
     metrics.watch_rollouts(runner.load)
     limits = {
@@ -164,7 +166,7 @@ def _routing_tables(
 
 def _flows(
     config: BridgeConfig,
-    session: aiohttp.ClientSession,
+    client: http.Client,
     upstreams: Upstreams,
     agents: Upstreams,
     metrics: Metrics,
@@ -172,7 +174,7 @@ def _flows(
     """The verify flow over `upstreams` and the run flow over `agents`."""
     verifier = Verifier(
         upstreams=upstreams,
-        session=session,
+        client=client,
         default_timeout=config.verify_timeout,
         max_in_flight=config.max_in_flight,
         retry=config.retry,
@@ -183,7 +185,7 @@ def _flows(
     )
     runner = Runner(
         agents,
-        session,
+        client,
         default_timeout=config.run_timeout,
         concurrency=config.agent_concurrency,
         retry=config.retry,
@@ -289,7 +291,8 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with _session() as session:
-        bridge = await build(config, session)
+        client = http.Client(session, builtin=config.upstream_client == "builtin")
+        bridge = await build(config, client)
         await bridge.readiness.round()
         metrics_runner = None
         if config.metrics_port is not None:
@@ -320,6 +323,7 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
                 task.cancel()
             await bridge.server.stop(config.grace)
             await bridge.verifier.aclose()  # background /close_session calls
+            await client.aclose()
             if metrics_runner is not None:
                 await metrics_runner.cleanup()
             log.info("stopped")

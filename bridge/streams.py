@@ -179,16 +179,6 @@ async def _parsed(request_iterator: AsyncIterable[Any]) -> AsyncIterator[Any]:
         yield batch
 
 
-@dataclass(slots=True)  # not frozen: one per item, and a frozen __init__ costs ~2 us more
-class _Finished(Generic[Result]):
-    """A result to send. `frees_id`: its request_id leaves the stream's in-flight ids when
-    sent (False for a duplicate's refusal: the id belongs to the item still in flight).
-    Never changed once made."""
-
-    result: Result
-    frees_id: bool
-
-
 class _Stream(Generic[Item, Result]):
     """The state of one stream call: a reader task (`read`) starts one task per item, and the
     handler sends their results as they finish (`results`). `deadline` is the call's
@@ -207,8 +197,17 @@ class _Stream(Generic[Item, Result]):
         self._kind = kind
         self._deadline = deadline
         self._max_batch_items = kind.max_batch_items
-        self._finished: asyncio.Queue[_Finished[Result] | None] = asyncio.Queue()  # None: end
-        self._slots = asyncio.Semaphore(kind.max_stream_items)
+        # Results to send, in the order they finished: `_ready` frees its request_id when
+        # sent, `_kept` (a duplicate's refusal) does not: the id belongs to the item still in
+        # flight. `_wake`: set when either grows or the input ends, while `results` waits.
+        self._ready: list[Result] = []
+        self._kept: list[Result] = []
+        self._wake: asyncio.Future[None] | None = None
+        self._input_ended = False
+        # Items the stream may still take in (max_stream_items less those held); the reader
+        # waits on `_room_freed` when it is 0.
+        self._room = kind.max_stream_items
+        self._room_freed: asyncio.Future[None] | None = None
         self._in_flight_ids: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.accepted = 0
@@ -240,12 +239,16 @@ class _Stream(Generic[Item, Result]):
                     )
                     return
                 for request in batch.items:
-                    await self._slots.acquire()
+                    while not self._room:
+                        self._room_freed = asyncio.get_running_loop().create_future()
+                        await self._room_freed
+                    self._room -= 1
                     self.accepted += 1
                     # An empty id is no id: the item checks refuse every such item alike.
                     if request.request_id in self._in_flight_ids:
                         refused = self._kind.refused(request, _duplicate(request.request_id))
-                        self._finished.put_nowait(_Finished(refused, frees_id=False))
+                        self._kept.append(refused)
+                        self._notify()
                         continue
                     if request.request_id:
                         self._in_flight_ids.add(request.request_id)
@@ -253,7 +256,8 @@ class _Stream(Generic[Item, Result]):
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
         finally:
-            self._finished.put_nowait(None)
+            self._input_ended = True
+            self._notify()
 
     def _refuse(self, code: grpc.StatusCode, cause: str) -> None:
         # Reading stops here, so the items accepted so far are the ones answered before it.
@@ -265,29 +269,38 @@ class _Stream(Generic[Item, Result]):
 
     async def _answer(self, request: Any) -> None:
         result = await self._kind.answer(request, self._deadline)  # answers every item
-        self._finished.put_nowait(_Finished(result, frees_id=True))
+        self._ready.append(result)  # (`_ready` is read after the await: `results` swaps it)
+        self._notify()
+
+    def _notify(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     async def results(self) -> AsyncIterator[Any]:
-        """The response messages, batched as results finish, until the input ended and every
-        item read is answered."""
-        input_ended = False
-        while not (input_ended and self.sent == self.accepted):
-            ready = [await self._finished.get()]
-            while not self._finished.empty():
-                ready.append(self._finished.get_nowait())
-            results = []
-            for entry in ready:
-                if entry is None:
-                    input_ended = True
-                    continue
-                if entry.frees_id:
-                    self._in_flight_ids.discard(getattr(entry.result, "request_id"))  # noqa: B009
-                self._slots.release()
-                self.failed += entry.result.HasField("error")
-                results.append(entry.result)
-            if results:
-                self.sent += len(results)
-                yield self._kind.response(results=results)
+        """The response messages until the input ended and every item read is answered: each
+        holds every result that finished since the last one was sent (at least those that
+        finished in the same turn of the event loop)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not (self._ready or self._kept):
+                if self._input_ended and self.sent == self.accepted:
+                    return
+                self._wake = loop.create_future()
+                await self._wake
+                self._wake = None
+                continue
+            freed, self._ready = self._ready, []
+            results = self._kept + freed if self._kept else freed
+            self._kept = []
+            for result in freed:
+                self._in_flight_ids.discard(getattr(result, "request_id"))  # noqa: B009
+            self._room += len(results)
+            if self._room_freed is not None and not self._room_freed.done():
+                self._room_freed.set_result(None)
+            self.failed += sum(result.HasField("error") for result in results)
+            self.sent += len(results)
+            yield self._kind.response(results=results)
 
 
 def _duplicate(request_id: str) -> errors.ItemError:

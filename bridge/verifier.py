@@ -17,14 +17,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import aiohttp
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import attempts, errors, validation
 from nemo_gym_grpc.bridge.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.balancer import Balancer, Replica, SlotTimeout
 from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
-from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation, sessions
+from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation, http, reports, sessions
 from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply, post
 from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, SEED_PATH
 from nemo_gym_grpc.bridge.nemo_gym.verify import VERIFY_PATH, Scored, read_verify_reply
@@ -39,9 +38,8 @@ class Verifier:
 
     Args:
         upstreams: the name -> base URLs routing table.
-        session: an aiohttp session (keep-alive pool) owned by the caller. It must keep no
-            cookies (`aiohttp.DummyCookieJar()`): NeMo Gym sets a session cookie on every
-            reply, and a shared jar would send one item's session with another's `/verify`.
+        client: the bridge's upstream HTTP client (`nemo_gym.http.Client`), owned by the
+            caller.
         default_timeout: seconds for one upstream call when the item sets none.
         max_in_flight: most concurrent calls per upstream base URL (replica). Further items
             wait for a slot; the wait does not count against their own timeout, only against
@@ -63,7 +61,7 @@ class Verifier:
     def __init__(
         self,
         upstreams: Upstreams,
-        session: aiohttp.ClientSession,
+        client: http.Client,
         *,
         default_timeout: float,
         max_in_flight: int,
@@ -74,16 +72,16 @@ class Verifier:
         rollout_correlation: bool = True,
     ) -> None:
         self.upstreams = upstreams
-        self._session = session
+        self._client = client
         self._default_timeout = default_timeout
         self._retry = retry
         self._max_item_bytes = max_item_bytes
         self._session_servers = frozenset(session_servers)
         self.metrics = metrics
         self.balancer = Balancer(max_in_flight)
-        self.capabilities = capabilities.Catalog(session)
+        self.capabilities = capabilities.Catalog(client.session)
         self._correlate = rollout_correlation
-        self._closer = sessions.Closer(session, self._closed)
+        self._closer = sessions.Closer(client, self._closed)
         self._unseeded_warned: set[str] = set()
 
     async def aclose(self) -> None:
@@ -206,6 +204,7 @@ class Verifier:
             return read_verify_reply(reply.body, url, call.include_reply), reply.seconds
         except errors.ItemError as exc:
             exc.latency_seconds = reply.seconds
+            reports.attach(exc, reply.failure_report)
             _no_reverify(exc, caps, sent=True)
             raise
 
@@ -290,7 +289,7 @@ class Verifier:
         started = time.monotonic()
         try:
             reply = await post(
-                self._session,
+                self._client,
                 url,
                 body,
                 timeout=timeout,

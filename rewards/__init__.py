@@ -13,6 +13,9 @@ Drop-in for axolotl's `axolotl.integrations.nemo_gym.rewards` (same names and ca
 - `reward_env`: passthrough of a precomputed `env_reward` (the rollouts' rewards).
 - `create_nemo_gym_rollout_func(agent, ...)`: a TRL `rollout_func` running each prompt as a
   NeMo Gym rollout (agent `/run`) over one gRPC `RunStream` per call.
+- `create_nemo_gym_rollout_worker(rows, args, agent, ...)`: a `rollout_worker` for TRL 1.16's
+  `AsyncGRPOTrainer`: rollouts kept in flight on one long-lived `RunStream`, trained on as
+  their groups finish.
 - `run_rollouts(rows, agent=..., target=...)` / `arun_rollouts`: NeMo Gym dataset rows ->
   rollouts, one outcome per row.
 - `ScoringError`: raised when a call fails under its failure policy.
@@ -22,9 +25,10 @@ Load by dotted path, e.g. in an axolotl config
 Configuration is by environment variable: the list is in `client/settings.py`.
 
 Subpackages: `client` (the machinery every adapter shares: settings, channels, the one stream
-call, outcomes, the embedded bridge, the failure policy), `trl` (the TRL adapter), `tools`
-(the `nemo-gym-grpc` command line: `score`, `export`); modules `verl`, `verl_manager`, `slime`
-and `openrlhf` (those trainers' adapters, on `stacks`).
+call, outcomes, the embedded bridge, the failure policy), `trl` (the TRL adapter), `axolotl`
+(the axolotl plugin, on `trl`), `tools` (the `nemo-gym-grpc` command line: `score`,
+`export`); modules `verl`, `verl_manager`, `slime` and `openrlhf` (those trainers' adapters,
+on `stacks`).
 
 The names above load on first use (PEP 562), so importing this package (as the command line
 does for `serve`) loads no gRPC client and changes nothing; `nemo_gym_grpc.rewards.client` sets
@@ -33,8 +37,9 @@ gRPC's fork support when the client loads (`client/per_process.py`).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nemo_gym_grpc.bridge.lazy import exports
 
 if TYPE_CHECKING:  # the same names, for type checkers (the `as` marks a re-export)
     from nemo_gym_grpc.rewards.client.policy import ScoringError as ScoringError
@@ -53,6 +58,9 @@ if TYPE_CHECKING:  # the same names, for type checkers (the `as` marks a re-expo
     from nemo_gym_grpc.rewards.trl.rollout_func import (
         create_nemo_gym_rollout_func as create_nemo_gym_rollout_func,
     )
+    from nemo_gym_grpc.rewards.trl.rollout_worker import (
+        create_nemo_gym_rollout_worker as create_nemo_gym_rollout_worker,
+    )
 
 # Each public name -> the module that defines it.
 _HOMES = {
@@ -64,20 +72,8 @@ _HOMES = {
     "reward_nemo_gym_verify": "nemo_gym_grpc.rewards.trl.functions",
     "reward_nemo_gym_verify_async": "nemo_gym_grpc.rewards.trl.functions",
     "create_nemo_gym_rollout_func": "nemo_gym_grpc.rewards.trl.rollout_func",
+    "create_nemo_gym_rollout_worker": "nemo_gym_grpc.rewards.trl.rollout_worker",
 }
 
 __all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (PEP 562)."""
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = exports(__name__, _HOMES)

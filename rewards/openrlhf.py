@@ -159,7 +159,7 @@ def app() -> web.Application:
     """The OpenRLHF remote reward HTTP app: `POST /get_reward` (and `POST /`) with
     `{"query", "prompts", "labels"}` -> `openrlhf_result`'s JSON (NaN written as `NaN`, which
     Python's json, and so OpenRLHF's `requests`, reads); 400 for a malformed request, 500
-    `{"error": ...}` when the call raises. Settings: `NEMO_GYM_GRPC_*` (`settings.py`)."""
+    `{"error": ...}` when the call raises. Settings: `NEMO_GYM_GRPC_*` (`client/settings.py`)."""
     application = web.Application(client_max_size=256 * 1024 * 1024)
     application.router.add_post(PATH, _get_reward)
     application.router.add_post("/", _get_reward)

@@ -17,7 +17,7 @@ GRPO-style advantages into the whole group and the loss), slime sums them into a
 - `NEMO_GYM_GRPC_ON_ERROR=none`: NaN, flagged (only if the user filters NaN rewards).
 - `NEMO_GYM_GRPC_ON_ERROR=raise`: as unset.
 
-A call of several items also has the `max_failure_fraction` guard (`policy.py`); a call of
+A call of several items also has the `max_failure_fraction` guard (`client/policy.py`); a call of
 one item (verl's `compute_score`, slime's one-sample function) does not: there the guard would
 turn every failure into `ScoringError` and `on_error` would never apply. One-item calls made
 together still travel together (`score_one`, `Coalescer`), each judged on its own outcome.
@@ -40,7 +40,7 @@ from nemo_gym_grpc.v1 import verify_pb2
 
 # `model` written into the Responses object the bridge builds from each completion.
 MODEL = "nemo-gym-grpc"
-# Where export.py puts the NeMo Gym row and the resources server name (verl `extra_info`,
+# Where `tools/export.py` puts the NeMo Gym row and the resources server name (verl `extra_info`,
 # slime `metadata`, OpenRLHF's JSON label): keys of one dict.
 SERVER_KEY = "resources_server"
 ROW_KEY = "nemo_gym_row"
@@ -67,7 +67,7 @@ class StackItem:
 
 
 def nemo_gym_fields(carrier: Any, where: str) -> tuple[str, dict[str, Any] | None]:
-    """(resources server name, NeMo Gym row) from the dict export.py wrote (`SERVER_KEY`,
+    """(resources server name, NeMo Gym row) from the dict `tools/export.py` wrote (`SERVER_KEY`,
     `ROW_KEY`), or from its JSON text. The row may itself be a dict or JSON text (verl's
     parquet holds it as text). A missing name gives "" (the item then fails, not the batch).
 
@@ -124,7 +124,7 @@ def _route() -> Route:
 def score_items(items: Sequence[StackItem]) -> list[Outcome]:
     """One outcome per item, in order, over one `VerifyStream` (grpcio, the shared channel).
 
-    Target, TLS, token, timeouts: `settings.py` (`NEMO_GYM_GRPC_TARGET`, or an embedded
+    Target, TLS, token, timeouts: `client/settings.py` (`NEMO_GYM_GRPC_TARGET`, or an embedded
     bridge discovering servers from `NEMO_GYM_HEAD_URL`). Raises what `Route.send` and
     `convert.build_batch` raise (ValueError, TypeError, RuntimeError, ProtocolError)."""
     batch = _batch(items)

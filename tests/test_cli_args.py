@@ -17,7 +17,8 @@ import pytest
 
 from nemo_gym_grpc.bridge import cli as bridge_cli
 from nemo_gym_grpc.bridge.cli import PROCESS_FLAGS, parse_args
-from nemo_gym_grpc.bridge.config import TOKEN_ENV, BridgeConfig
+from nemo_gym_grpc.bridge.config import BridgeConfig
+from nemo_gym_grpc.bridge.contract import TOKEN_ENV
 from nemo_gym_grpc.rewards.tools import cli as top_cli
 from nemo_gym_grpc.rewards.tools import scorefile
 
@@ -187,6 +188,14 @@ def test_score_refuses_bad_values(main, tmp_path, flag, value):
     assert not out.exists()
 
 
+def test_serve_and_score_refuse_a_head_url_without_a_scheme_in_the_same_words(main, tmp_path):
+    # One rule (flags.http_url) for both commands' --head-url (and NEMO_GYM_HEAD_URL).
+    line = "argument --head-url: expected http://HOST:PORT, got '127.0.0.1:11000'"
+    assert_refused(main("serve", "--head-url", "127.0.0.1:11000"), line)
+    rows, out = str(rows_file(tmp_path)), str(tmp_path / "out.jsonl")
+    assert_refused(main("score", rows, "-o", out, "--head-url", "127.0.0.1:11000"), line)
+
+
 def test_score_server_takes_a_name_or_name_equals_url_as_serve_does(main, tmp_path):
     rows = str(rows_file(tmp_path))
     out = str(tmp_path / "out.jsonl")
@@ -194,8 +203,6 @@ def test_score_server_takes_a_name_or_name_equals_url_as_serve_does(main, tmp_pa
     assert_refused(done, "argument --server", "expected NAME=http://HOST:PORT")
     done = main("score", rows, "-o", out, "--server", "mcqa=http://h:1", "--target", "t:1")
     assert_refused(done, "nemo-gym-grpc score: error: --server NAME=URL routes NAME through")
-    done = main("score", rows, "-o", out, "--head-url", "127.0.0.1:11000")
-    assert_refused(done, "argument --head-url", "must be the NeMo Gym head server's http(s) URL")
     parsed = top_cli.parse_args(["score", rows, "-o", out, "--server", "mcqa=http://h:1/"])
     assert parsed.server == ("mcqa", "http://h:1")
     assert top_cli.parse_args(["score", rows, "-o", out, "--server", "mcqa"]).server == (
@@ -302,7 +309,7 @@ def test_help_names_every_flag_and_its_variable(main):
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())  # argparse wraps lines
     flags = [*BridgeConfig.flags(), *PROCESS_FLAGS]
-    assert len(flags) == 33
+    assert len(flags) == 34
     for flag in flags:
         assert flag.name in text
         assert f"[env: {flag.env_var}" in text

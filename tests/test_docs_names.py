@@ -2,11 +2,14 @@
 (`nemo_gym_grpc.rewards.reward_nemo_gym_verify`, `pkg://nemo_gym_grpc.rewards.verl`), the
 names of `from nemo_gym_grpc... import ...` lines, and the attribute a verl config names next
 to its `pkg://` module. A gRPC service name (`nemo_gym_grpc.v1.VerifyService`) must be a
-service of the contract. Names in verl_manager (which imports verl) resolve in verl's venv."""
+service of the contract. Names in verl_manager (which imports verl) resolve in verl's venv,
+those of the axolotl plugin (which imports axolotl) in axolotl's (tests/support/axolotl_venv.py;
+skipped where it is not built, failed in CI, as tests/test_axolotl.py)."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -16,6 +19,7 @@ from google.protobuf import descriptor_pool
 
 from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2  # noqa: F401 (their services in the pool)
 from tests.stacks_common import VERL_PYTHON
+from tests.support.axolotl_venv import OVERLAY
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -24,6 +28,7 @@ FROM_IMPORT = re.compile(r"from (nemo_gym_grpc[\w.]*) import ([\w, ]+)")
 # verl's Hydra keys: `...path=pkg://MODULE` then, on a line after it, `...name=ATTRIBUTE`
 PKG_THEN_NAME = re.compile(r"pkg://(nemo_gym_grpc[\w.]+)\s*\n[#\s]*[\w.]*\.name=(\w+)")
 NEEDS_VERL = "nemo_gym_grpc.rewards.verl_manager"
+NEEDS_AXOLOTL = "nemo_gym_grpc.rewards.axolotl."
 
 
 def shown_names() -> list[str]:
@@ -67,7 +72,9 @@ def test_the_docs_show_the_public_names():
         assert expected in names  # the scan finds each kind of mention
 
 
-@pytest.mark.parametrize("name", [n for n in shown_names() if not n.startswith(NEEDS_VERL)])
+@pytest.mark.parametrize(
+    "name", [n for n in shown_names() if not n.startswith((NEEDS_VERL, NEEDS_AXOLOTL))]
+)
 def test_each_name_the_docs_show_resolves(name):
     if name.startswith("nemo_gym_grpc.v1.") and name.endswith("Service"):
         assert descriptor_pool.Default().FindServiceByName(name)
@@ -75,15 +82,31 @@ def test_each_name_the_docs_show_resolves(name):
     assert resolve(name) is not None
 
 
+def resolves_in(python: Path, name: str) -> None:
+    """`name` (module.attribute) imports with `python` and names what it says."""
+    module, _, attribute = name.rpartition(".")
+    code = f"import {module} as m; print(getattr(m, {attribute!r}).__name__)"
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == attribute
+
+
 def test_the_verl_names_the_docs_show_resolve_in_verls_venv():
     names = [n for n in shown_names() if n.startswith(NEEDS_VERL)]
     assert names
     if not VERL_PYTHON.exists():
         pytest.fail(f"{VERL_PYTHON} missing: `make dev` builds it (verl 0.9.1)", pytrace=False)
-    module, _, attribute = max(names).rpartition(".")
-    code = f"import {module} as m; print(getattr(m, {attribute!r}).__name__)"
-    done = subprocess.run(
-        [str(VERL_PYTHON), "-c", code], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == attribute
+    resolves_in(VERL_PYTHON, max(names))
+
+
+def test_the_axolotl_plugin_names_the_docs_show_resolve_in_axolotls_venv():
+    names = [n for n in shown_names() if n.startswith(NEEDS_AXOLOTL)]
+    assert names
+    python = OVERLAY / "bin" / "python"
+    if not python.exists():
+        missing = f"{python} missing: `python -m tests.support ensure-axolotl` builds it"
+        if os.environ.get("CI"):
+            pytest.fail(missing, pytrace=False)
+        pytest.skip(missing)
+    for name in names:
+        resolves_in(python, name)

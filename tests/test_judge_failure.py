@@ -9,8 +9,13 @@ server that answers every request with 503. The model server retries it and fail
 `mask_sample: true`, `failure_kind: "judge_failed"`. Through the bridge and the reward
 functions the wrong answer (which math-verify rejects, so the judge is asked) must be None, never
 0.0, with cause UNAVAILABLE (UPSTREAM_JUDGE_FAILED); the right answer is 1.0, decided by
-math-verify without calling the judge. 0.4.0 has no judge_failsafe (a judge failure is HTTP 500
-there), hence `nemo_gym_07`.
+math-verify without calling the judge. NeMo Gym's `failure_kind` and `failure_reason` (0.7.0's
+whole failure report) reach the item's error metadata and TRL's completions table.
+
+A rollout's judge failure runs on the agent stack (tests/support/agents.py: `math_agent`, whose
+judge model's upstream answers 503 too): the agent's own `/run` reply and the rollout's
+`Failure` through the bridge name the same kind and reason. 0.4.0 has no judge_failsafe (a judge
+failure is HTTP 500 there), hence `nemo_gym_07`.
 """
 
 from __future__ import annotations
@@ -25,10 +30,14 @@ import pytest
 import requests
 from aiohttp import web
 
-from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn
+from nemo_gym_grpc.bridge.nemo_gym.verify import MAX_FAILURE_REASON
+from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn, run_rollouts
+from nemo_gym_grpc.rewards.client.outcomes import Failure
+from nemo_gym_grpc.rewards.trl.logs import MAX_LOGGED_TEXT
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import BridgeProcess, NemoGymServers, example_rows, start_bridge
 from tests.support.items import error_info
+from tests.test_rollouts_client import masked_row, run_over_http
 
 pytestmark = pytest.mark.nemo_gym_07
 
@@ -118,6 +127,19 @@ def test_the_0_7_server_reports_the_judge_failure_as_a_masked_placeholder(
 ):
     """What the bridge reads: NeMo Gym 0.7.0's own reply to a wrong answer."""
     assert judge_gym.version == "0.7.0"
+    hits = scripted_judge.hits
+    body = verify_over_http(judge_gym, row)
+    assert (body["reward"], body["mask_sample"], body["failure_kind"]) == (
+        0.0,
+        True,
+        "judge_failed",
+    )
+    assert body["failure_reason"]
+    assert scripted_judge.hits > hits  # the judge was asked (and answered 503)
+
+
+def verify_over_http(judge_gym: NemoGymServers, row: dict) -> dict:
+    """math_with_judge's own `/verify` reply to the wrong answer (plain HTTP, no bridge)."""
     response = {
         "id": "resp_judge",
         "object": "response",
@@ -136,7 +158,6 @@ def test_the_0_7_server_reports_the_judge_failure_as_a_masked_placeholder(
             }
         ],
     }
-    hits = scripted_judge.hits
     with requests.Session() as http:
         http.trust_env = False
         reply = http.post(
@@ -145,20 +166,17 @@ def test_the_0_7_server_reports_the_judge_failure_as_a_masked_placeholder(
             timeout=60,
         )
     assert reply.status_code == 200
-    body = reply.json()
-    assert (body["reward"], body["mask_sample"], body["failure_kind"]) == (
-        0.0,
-        True,
-        "judge_failed",
-    )
-    assert body["failure_reason"]
-    assert scripted_judge.hits > hits  # the judge was asked (and answered 503)
+    return reply.json()
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
-def test_a_failed_judge_is_none_in_trl_never_zero(bridge, scripted_judge, row, asynchronous):
+def test_a_failed_judge_is_none_in_trl_never_zero(
+    judge_gym, bridge, scripted_judge, row, asynchronous
+):
     """The reward function as TRL's GRPOTrainer calls it (its log_metric / log_extra
-    callbacks included), sync and async reward paths."""
+    callbacks included), sync and async reward paths; the completions table shows NeMo Gym's
+    own failure kind and reason (bounded)."""
+    reason = verify_over_http(judge_gym, row)["failure_reason"]
     reward_fn = create_nemo_gym_reward_fn(
         {}, {}, target=bridge.target, on_error="none", asynchronous=asynchronous
     )
@@ -177,6 +195,10 @@ def test_a_failed_judge_is_none_in_trl_never_zero(bridge, scripted_judge, row, a
     rewards = asyncio.run(result) if asynchronous else result
     assert rewards == [1.0, None]
     assert columns["nemo_gym/error"] == [None, "UNAVAILABLE (UPSTREAM_JUDGE_FAILED)"]
+    assert columns["nemo_gym/failure_kind"] == [None, "judge_failed"]
+    logged = columns["nemo_gym/failure_reason"]
+    assert logged[0] is None and logged[1] and len(logged[1]) <= MAX_LOGGED_TEXT
+    assert reason.startswith(logged[1].removesuffix("..."))
     assert metrics["rewards/nemo_gym/failed_fraction"] == 0.5
     assert scripted_judge.hits > hits
 
@@ -206,3 +228,17 @@ def test_the_grpc_error_names_the_judge_failure_and_the_right_answer_needs_no_ju
     assert "judge_failed" in wrong.error.message
     assert info.metadata["failureKind"] == "judge_failed"
     assert info.metadata["failureReason"]
+
+
+def test_a_rollouts_judge_failure_keeps_the_agents_kind_and_reason(agent_stack, nemo_gym_venv):
+    """A real 0.7 rollout whose judge fails: `run_rollouts` gives a `Failure` whose metadata
+    holds the kind and reason the agent's own `/run` reply names."""
+    row = masked_row(nemo_gym_venv)
+    own = run_over_http(agent_stack, row)
+    assert (own["mask_sample"], own["failure_kind"]) == (True, "judge_failed")
+    assert own["failure_reason"]
+    with start_bridge("--head-url", agent_stack.head_url) as bridge:
+        (outcome,) = run_rollouts([row], target=bridge.target)
+    assert isinstance(outcome, Failure) and outcome.reason == "UPSTREAM_MASKED_SAMPLE"
+    assert outcome.metadata["failureKind"] == "judge_failed"
+    assert outcome.metadata["failureReason"] == own["failure_reason"][:MAX_FAILURE_REASON]

@@ -344,7 +344,7 @@ def test_a_build_step_reports_elapsed_seconds_and_its_last_log_line(tmp_path, mo
     step = ["sh", "-c", "echo Collecting nemo-gym; sleep 1; echo Installing collected packages"]
     started = time.monotonic()
     with open(log, "w") as out:
-        code = support_venv._run_step(step, out, log, dict(os.environ), started, started + 60)
+        code = support_venv.run_step(step, out, log, dict(os.environ), started, started + 60)
     assert code == 0
     progress = capsys.readouterr().err.splitlines()
     assert len(progress) >= 2 and all(line.strip().split()[1] == "s" for line in progress)
@@ -356,7 +356,7 @@ def test_a_build_step_past_its_deadline_is_killed_and_reported(tmp_path):
     log = tmp_path / "install.log"
     started = time.monotonic()
     with open(log, "w") as out, pytest.raises(NemoGymError, match="took over"):
-        support_venv._run_step(["sleep", "30"], out, log, dict(os.environ), started, started + 0.5)
+        support_venv.run_step(["sleep", "30"], out, log, dict(os.environ), started, started + 0.5)
     assert time.monotonic() - started < 10
 
 

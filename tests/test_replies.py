@@ -149,7 +149,8 @@ def test_timeout_seconds_bounds_each_upstream_call_not_the_whole_item(start_brid
 
 def test_trl_gets_the_failure_kind_and_counts_degraded_items(start_bridge, proxy):
     """The reward function over a real bridge: valid degraded rewards kept (A, B), masked
-    ones None (E, G), the kind in the `nemo_gym/failure_kind` column, degraded_fraction."""
+    ones None (E, G), the kind and reason in the `nemo_gym/failure_kind` / `failure_reason`
+    columns (a masked item's from its error), degraded_fraction."""
     cases = {name: SCORED_07[name] for name in ("A", "B", "D")}
     cases.update({name: MASKED_07[name] for name in ("E", "G")})
     script(proxy, cases)
@@ -168,9 +169,16 @@ def test_trl_gets_the_failure_kind_and_counts_degraded_items(start_bridge, proxy
         "usersim:assistant_timeout",
         None,
         None,
-        None,
+        "judge_failed",
     ]
-    assert columns["nemo_gym/failure_reason"] == [None, "assistant model timed out", *[None] * 3]
+    judge_failure = MASKED_07["G"][0]["failure_reason"]
+    assert columns["nemo_gym/failure_reason"] == [
+        None,
+        "assistant model timed out",
+        None,
+        None,
+        judge_failure,
+    ]
     assert columns["nemo_gym/error"] == [
         None,
         None,

@@ -576,7 +576,7 @@ def test_an_embedded_bridge_that_died_is_replaced(zero_config, loader_rows, capl
     (first,) = embedded.running_bridges().values()
     first.process.kill()
     first.process.wait()
-    with caplog.at_level(logging.WARNING, logger="nemo_gym_grpc.rewards.embedded"):
+    with caplog.at_level(logging.WARNING, logger="nemo_gym_grpc.rewards.client.embedded"):
         assert reward_nemo_gym_verify(**args) == [1.0]
     (second,) = embedded.running_bridges().values()
     assert second.process.pid != first.process.pid

@@ -346,7 +346,7 @@ def test_env_defaults(monkeypatch):
 @pytest.mark.parametrize("value", ["notaurl", "127.0.0.1:11000", "ftp://h:1", "http://"])
 def test_a_head_url_that_is_not_an_http_url_names_the_variable(monkeypatch, value):
     monkeypatch.setenv(settings.HEAD_URL_ENV, value)
-    with pytest.raises(ValueError, match=f"{settings.HEAD_URL_ENV}=.* must be the NeMo Gym"):
+    with pytest.raises(ValueError, match=f"^{settings.HEAD_URL_ENV}: expected http://HOST:PORT"):
         settings.head_url()
 
 
@@ -495,19 +495,27 @@ def test_extras_log_metrics_and_keeps_columns_aligned_across_calls():
         verify_pb2.VerifyResponse(reward=0.0, reward_components={"a": 0.0}, latency_seconds=1.5),
         outcomes.Failure("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", "down"),
         verify_pb2.VerifyResponse(reward=0.0, latency_seconds=1.0),
+        outcomes.Failure(
+            "UNAVAILABLE",
+            "UPSTREAM_JUDGE_FAILED",
+            "judge",
+            metadata={"failureKind": "judge_failed", "failureReason": "x" * 1000},
+        ),
     ]
     log.emit(first, kwargs)
     assert metrics == [
-        ("rewards/fn/failed_fraction", 0.25),
+        ("rewards/fn/failed_fraction", 0.4),
         ("rewards/fn/degraded_fraction", 0.0),
         ("rewards/fn/latency_seconds", 1.0),
         ("rewards/fn/components/a", 0.5),
     ]
+    judge = "UNAVAILABLE (UPSTREAM_JUDGE_FAILED)"
+    cut = "x" * (logs.MAX_LOGGED_TEXT - 3) + "..."  # a failed item's reason, bounded
     assert columns == [
-        ("fn/error", [None, None, "UNAVAILABLE (UPSTREAM_UNAVAILABLE)", None]),
-        ("fn/failure_kind", [None] * 4),
-        ("fn/failure_reason", [None] * 4),
-        ("fn/components/a", [1.0, 0.0, None, None]),
+        ("fn/error", [None, None, "UNAVAILABLE (UPSTREAM_UNAVAILABLE)", None, judge]),
+        ("fn/failure_kind", [*[None] * 4, "judge_failed"]),
+        ("fn/failure_reason", [*[None] * 4, cut]),
+        ("fn/components/a", [1.0, 0.0, None, None, None]),
     ]
     metrics.clear()
     columns.clear()

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from nemo_gym_grpc.bridge.errors import INVALID_ITEM
 from nemo_gym_grpc.rewards import (
     ScoringError,
     arun_rollouts,
@@ -21,7 +22,7 @@ from nemo_gym_grpc.rewards import (
     run_rollouts,
 )
 from nemo_gym_grpc.rewards.client import embedded, policy, rollouts, settings, stream
-from nemo_gym_grpc.rewards.client.outcomes import INVALID_ITEM, NO_TOKENS, Failure
+from nemo_gym_grpc.rewards.client.outcomes import NO_TOKENS, Failure
 from nemo_gym_grpc.rewards.trl.rollout_func import rollout_output
 from nemo_gym_grpc.rewards.trl.rows import RowIndex, nemo_gym_row
 from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2

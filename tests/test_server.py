@@ -13,6 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nemo_gym_grpc.bridge.config import BridgeConfig
+from nemo_gym_grpc.bridge.nemo_gym import http
 from nemo_gym_grpc.bridge.server import build, read_ready_file, write_ready_file
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
@@ -20,7 +21,7 @@ from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 async def test_build_binds_a_bridge_that_is_not_serving_until_readiness():
     config = BridgeConfig(listen="127.0.0.1:0", servers={"a": ["http://127.0.0.1:1"]})
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
-        bridge = await build(config, session)
+        bridge = await build(config, http.Client(session))
         assert bridge.address.startswith("127.0.0.1:") and not bridge.address.endswith(":0")
         assert not bridge.tls
         await bridge.server.start()
@@ -61,7 +62,7 @@ async def test_build_on_a_taken_port_says_so_in_one_line(taken_port):
     config = BridgeConfig(listen=f"127.0.0.1:{taken_port}")
     async with aiohttp.ClientSession() as session:
         with pytest.raises(RuntimeError) as raised:
-            await build(config, session)
+            await build(config, http.Client(session))
     assert str(raised.value) == f"cannot listen on 127.0.0.1:{taken_port}: address already in use"
 
 

@@ -236,14 +236,16 @@ async def test_the_typed_seed_and_close_the_bridge_builds_are_accepted_by_the_re
     legacy = sessions.seed_body(dict(row, response={}))
     typed = sessions.typed_seed_body(opened, "mcqa", "typed-1", legacy)
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
-        seeded = await http.post(session, url + "/seed_session", typed, timeout=10, request_id="t")
+        client = http.Client(session)
+        seeded = await http.post(client, url + "/seed_session", typed, timeout=10, request_id="t")
         assert seeded.status == 200, seeded.body
         assert json.loads(seeded.body)["resources_session_id"] == opened.session_id
         cookie = sessions.cookie_header(seeded.cookies)
         assert cookie
         body = sessions.close_body(opened.session_id, opened.episode)
         closed = await http.post(
-            session, url + "/close_session", body, timeout=10, request_id="t", cookie=cookie
+            client, url + "/close_session", body, timeout=10, request_id="t", cookie=cookie
         )
+        await client.aclose()
     assert closed.status == 200, closed.body
     assert json.loads(closed.body) == {"resources_session_id": opened.session_id}

@@ -112,7 +112,7 @@ def _row_of(prompt, rows: list[dict]) -> dict:
     return rows[int(marker)]
 
 
-def _verify_over_http(url: str, row: dict, text: str) -> float:
+def verify_over_http(url: str, row: dict, text: str) -> float:
     """What the mcqa server itself says about `text` for `row` (plain HTTP, no bridge)."""
     body = {k: v for k, v in row.items() if v is not None}
     body["response"] = {
@@ -204,7 +204,7 @@ def test_two_grpo_steps_score_with_nemo_gym_and_failed_items_reach_trl_as_nan(
                 seen["nan"] += 1
             else:
                 text = completion if isinstance(completion, str) else completion[0]["content"]
-                truth = _verify_over_http(nemo_gym.server_urls["mcqa"], row["verify_extra"], text)
+                truth = verify_over_http(nemo_gym.server_urls["mcqa"], row["verify_extra"], text)
                 assert reward == truth, (text, row["verify_extra"]["expected_answer"])
                 assert pandas.isna(error)  # no failure (pandas reads a missing string as NaN)
                 seen[truth] += 1

@@ -28,6 +28,7 @@ from nemo_gym_grpc.rewards import create_nemo_gym_rollout_func, reward_env
 from nemo_gym_grpc.rewards.client import settings
 from tests.support import start_bridge as _start_bridge
 from tests.support import toy_chat
+from tests.support.docs import python_block
 from tests.test_rollouts_client import masked_row, run_over_http, weather_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,12 +165,6 @@ def test_two_grpo_steps_train_on_the_agents_rollouts_and_masked_ones_reach_trl_a
     assert nan_seen == 2  # the masked row's two generations
 
 
-def _docs_example() -> str:
-    text = (ROOT / "docs" / "rollouts.md").read_text()
-    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    return block
-
-
 def test_the_docs_example_runs_as_written(agent_stack, nemo_gym_venv, tmp_path):
     from tests.support.tiny_trl import tiny_llama
 
@@ -181,7 +176,7 @@ def test_the_docs_example_runs_as_written(agent_stack, nemo_gym_venv, tmp_path):
     rows = weather_rows(nemo_gym_venv)
     rows_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
     script = tmp_path / "example.py"
-    script.write_text(_docs_example())
+    script.write_text(python_block(ROOT / "docs" / "rollouts.md", "create_nemo_gym_rollout_func("))
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEMO_GYM_GRPC_")}
     env.update(
         NEMO_GYM_ROWS=str(rows_file),

@@ -25,14 +25,23 @@ from pathlib import Path
 from benchmarks import clients, procs
 
 
-def start(python: str, upstream: str) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """A bridge on a free port: (process, "host:port", its temporary folder)."""
+def start(
+    python: str, upstream: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """A bridge on a free port, with `env` added to its environment: (process, "host:port",
+    its temporary folder)."""
     tmp = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_sbs_"))
     ready = tmp / "ready"
     command = [python, "-m", "nemo_gym_grpc.bridge", "serve", "--listen", "127.0.0.1:0"]
     command += ["--ready-file", str(ready), "--workers", "1", "--server", f"mcqa={upstream}"]
     with open(tmp / "stderr.log", "wb") as err:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+            env={**os.environ, **(env or {})},
+        )
     deadline = time.monotonic() + 60
     while not (ready.exists() and ready.read_text().endswith("\n")):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -68,6 +77,9 @@ def spread(values: list[float], digits: int = 2) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bridge", action="append", required=True, help="NAME=PYTHON")
+    parser.add_argument(
+        "--env", action="append", default=[], help="NAME:KEY=VALUE, for bridge NAME only"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--items", type=int, default=12000)
     parser.add_argument("--streams", type=int, default=16)
@@ -80,7 +92,15 @@ def main() -> int:
     names = [spec.split("=", 1)[0] for spec in args.bridge]
     rounds: list[dict[str, dict]] = []
     with procs.Upstream(0.0) as up:
-        started = [start(spec.split("=", 1)[1], up.url) for spec in args.bridge]
+        envs: dict[str, dict[str, str]] = {name: {} for name in names}
+        for spec in args.env:
+            name, assignment = spec.split(":", 1)
+            key, value = assignment.split("=", 1)
+            envs[name][key] = value
+        started = [
+            start(spec.split("=", 1)[1], up.url, envs[name])
+            for spec, name in zip(args.bridge, names, strict=True)
+        ]
         try:
             for (_, target, _), _name in zip(started, names, strict=True):  # warm-up
                 clients.stream_run(target, requests_[:2000], streams=args.streams)

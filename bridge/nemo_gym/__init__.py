@@ -8,5 +8,7 @@ server has it; `POST /run` on an agent server (`run.py`) and on an environment s
 (`episodes.py`), plain (neither has a prefixed route); `GET /openapi.json` and
 `/reverify_mode` to learn what a server supports (`capabilities.py`); `GET /` as its liveness
 probe (`http.py`, with the POST itself and its error mapping), and the head server's
-`GET /global_config_dict_yaml` (`head.py`). `codec.py` is the JSON codec of the bodies.
+`GET /global_config_dict_yaml` (`head.py`). `codec.py` is the JSON codec of the bodies;
+`reports.py` the failure report a later NeMo Gym may send (a reply header, an episode field),
+passed on opaque and bounded.
 """

@@ -20,6 +20,7 @@ from typing import Any
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.nemo_gym import reports
 from nemo_gym_grpc.bridge.nemo_gym.correlation import episode_id
 from nemo_gym_grpc.bridge.nemo_gym.run import Ran, read_rollout
 from nemo_gym_grpc.bridge.nemo_gym.verify import (
@@ -57,7 +58,8 @@ def episode_error(failure: dict[str, Any], url: str) -> errors.ItemError:
     UNAVAILABLE / UPSTREAM_EPISODE_FAILED, retryable, for stage "admission" with terminal
     false (the environment server refused the episode before it started); else INTERNAL /
     UPSTREAM_EPISODE_FAILED, final. Metadata: `upstreamUrl`, `stage`, `terminal` ("true" /
-    "false"), `failureKind`, `failureReason` (those the failure has).
+    "false"), `failureKind`, `failureReason`, `failureReport` (`reports.py`; those the
+    failure has).
     """
     stage = diagnostic_text(failure.get("stage"), MAX_FAILURE_KIND)
     kind = diagnostic_text(failure.get("failure_kind"), MAX_FAILURE_KIND)
@@ -81,6 +83,7 @@ def episode_error(failure: dict[str, Any], url: str) -> errors.ItemError:
         terminal="true" if terminal else "false",
         failureKind=kind or None,
         failureReason=why or None,
+        failureReport=reports.bounded(failure.get(reports.EPISODE_FIELD)) or None,
     )
 
 

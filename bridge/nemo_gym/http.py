@@ -1,8 +1,12 @@
 """The HTTP exchange with a NeMo Gym server: one POST with its error mapping, and the liveness
 probe `GET /`.
 
-Every POST carries the item's `request_id` as an `X-Request-Id` header, so NeMo Gym's access
-logs (and the tests' fault proxy) can tell items apart.
+A POST goes over `bridge.plain_http` to an `http://` URL (about a fifth of aiohttp's CPU per
+request, docs/performance.md) and over the aiohttp session to an `https://` one, or to any URL
+with `--upstream-client aiohttp`; both close a cancelled request's connection at once (NeMo Gym
+0.7 then cancels its handler) and tell a refused connection (`Refused`: nothing was sent) from
+one that broke after sending. Every POST carries the item's `request_id` as an `X-Request-Id`
+header, so NeMo Gym's access logs (and the tests' fault proxy) can tell items apart.
 """
 
 from __future__ import annotations
@@ -11,17 +15,19 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from http.cookies import Morsel
+from http.cookies import SimpleCookie
 from urllib.parse import quote
 
 import aiohttp
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge import errors, plain_http
+from nemo_gym_grpc.bridge.nemo_gym import reports
 
 log = logging.getLogger(__name__)
+# `plain_http.Response.kept` holds the failure report header under its lowercase name.
+REPORT_HEADER_KEY = reports.HEADER.lower()
 
 LIVENESS_PATH = "/"
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -48,13 +54,48 @@ def request_id_header(request_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """An upstream's answer to one POST: HTTP status, body, the cookies it set, and the
-    seconds from sending the request to reading the whole body."""
+    """An upstream's answer to one POST: HTTP status, body, the values of its `Set-Cookie`
+    headers, the seconds from sending the request to reading the whole body, and its failure
+    report header (`reports.bounded`; "" without one)."""
 
     status: int
     body: bytes
-    cookies: Mapping[str, Morsel[str]]
+    set_cookies: list[str]
     seconds: float
+    failure_report: str = ""
+
+    @property
+    def cookies(self) -> SimpleCookie:
+        """The cookies the reply set, parsed (only a `/seed_session` reply's are read, so they
+        are parsed when asked for, not for every reply)."""
+        jar = SimpleCookie()
+        for value in self.set_cookies:
+            jar.load(value)
+        return jar
+
+
+class Client:
+    """The bridge's client for upstream POSTs (see the module docstring).
+
+    Args:
+        session: the aiohttp session; it must keep no cookies (`aiohttp.DummyCookieJar()`:
+            NeMo Gym sets a session cookie on every reply, and a shared jar would send one
+            item's session with another's call). It also serves the bridge's GETs.
+        builtin: carry POSTs to `http://` URLs over `plain_http` (False: aiohttp for all).
+
+    Attributes:
+        session: that session.
+        plain: the `plain_http` client, None when not `builtin`.
+    """
+
+    def __init__(self, session: aiohttp.ClientSession, *, builtin: bool = True) -> None:
+        self.session = session
+        self.plain = plain_http.Client(keep=(reports.HEADER,)) if builtin else None
+
+    async def aclose(self) -> None:
+        """Close the `plain_http` connections (the session is its owner's to close)."""
+        if self.plain is not None:
+            await self.plain.close()
 
 
 class Refused(errors.ItemError):
@@ -63,7 +104,7 @@ class Refused(errors.ItemError):
 
 
 async def post(
-    session: aiohttp.ClientSession,
+    client: Client,
     url: str,
     body: bytes,
     *,
@@ -87,31 +128,50 @@ async def post(
     Raises:
         errors.ItemError: DEADLINE_EXCEEDED / UPSTREAM_TIMEOUT when `timeout` passed,
             UNAVAILABLE / UPSTREAM_UNAVAILABLE for a transport failure (`Refused` when the
-            connection was refused); its `latency_seconds` is the time spent.
+            connection was refused: nothing was sent); its `latency_seconds` is the time
+            spent.
     """
     header = request_id_header(request_id)
     headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: header}
     if cookie:
         headers["Cookie"] = cookie
     started = time.monotonic()
+    plain = client.plain
     try:
-        async with session.post(
-            url,
-            data=body,
-            headers=headers,
-            timeout=exact_timeout(timeout),
-            allow_redirects=False,
-        ) as reply:
-            raw = await reply.read()
-            seconds = time.monotonic() - started
-            log.debug("%s: HTTP %d, %.3f s, request_id=%s", url, reply.status, seconds, header)
-            return Reply(reply.status, raw, reply.cookies, seconds)
+        if plain is not None and url.startswith("http://"):
+            got = await plain.post(url, body, headers.items(), timeout)
+            report = reports.bounded(got.kept.get(REPORT_HEADER_KEY))
+            reply = Reply(got.status, got.body, got.set_cookies, time.monotonic() - started, report)
+        else:
+            reply = await _aiohttp_post(client.session, url, body, headers, timeout, started)
     except (asyncio.TimeoutError, TimeoutError):
         error = _timed_out(url, timeout, queued)
-    except aiohttp.ClientError as exc:
+    except (aiohttp.ClientError, plain_http.ConnectFailed, plain_http.Dropped) as exc:
         error = _unreachable(url, exc)
+    except plain_http.BadReply as exc:  # (aiohttp's own: a ClientResponseError, above)
+        error = _unreachable(url, exc)
+    else:
+        log.debug("%s: HTTP %d, %.3f s, request_id=%s", url, reply.status, reply.seconds, header)
+        return reply
     error.latency_seconds = time.monotonic() - started
     raise error
+
+
+async def _aiohttp_post(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    timeout: float,
+    started: float,
+) -> Reply:
+    async with session.post(
+        url, data=body, headers=headers, timeout=exact_timeout(timeout), allow_redirects=False
+    ) as reply:
+        raw = await reply.read()
+        seconds = time.monotonic() - started
+        report = reports.bounded(reply.headers.get(reports.HEADER))
+        return Reply(reply.status, raw, reply.headers.getall("Set-Cookie", []), seconds, report)
 
 
 def _timed_out(url: str, timeout: float, queued: float) -> errors.ItemError:
@@ -125,8 +185,9 @@ def _timed_out(url: str, timeout: float, queued: float) -> errors.ItemError:
     )
 
 
-def _unreachable(url: str, exc: aiohttp.ClientError) -> errors.ItemError:
-    kind = Refused if isinstance(exc, aiohttp.ClientConnectorError) else errors.ItemError
+def _unreachable(url: str, exc: Exception) -> errors.ItemError:
+    refused = isinstance(exc, (aiohttp.ClientConnectorError, plain_http.ConnectFailed))
+    kind = Refused if refused else errors.ItemError
     return kind(
         code_pb2.UNAVAILABLE,
         errors.UPSTREAM_UNAVAILABLE,

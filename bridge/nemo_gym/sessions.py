@@ -19,12 +19,10 @@ from dataclasses import dataclass
 from http.cookies import Morsel
 from typing import Any
 
-import aiohttp
-
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import codec
 from nemo_gym_grpc.bridge.nemo_gym.correlation import episode_id, rollout_id_problem
-from nemo_gym_grpc.bridge.nemo_gym.http import post
+from nemo_gym_grpc.bridge.nemo_gym.http import Client, post
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +57,8 @@ def cookie_header(cookies: Mapping[str, Morsel[str]]) -> str:
     """The `Cookie` request header that sends back the cookies a reply set.
 
     Args:
-        cookies: a reply's cookies (aiohttp `ClientResponse.cookies`, parsed from its
-            `Set-Cookie` headers).
+        cookies: a reply's cookies (`http.Reply.cookies`, parsed from its `Set-Cookie`
+            headers).
 
     Returns:
         "name=value; name2=value2" with each value exactly as the server sent it (quoted if it
@@ -109,7 +107,7 @@ class Closer:
     changes an item's result.
 
     Args:
-        session: the bridge's aiohttp session.
+        client: the bridge's upstream HTTP client.
         record: called once per close with (resources server name, failure reason or "" when
             closed, seconds taken).
         timeout: seconds one close may take (`CLOSE_TIMEOUT`).
@@ -117,11 +115,11 @@ class Closer:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        client: Client,
         record: Callable[[str, str, float], None],
         timeout: float = CLOSE_TIMEOUT,
     ) -> None:
-        self._session = session
+        self._client = client
         self._record = record
         self._timeout = timeout
         self._tasks: set[asyncio.Task[None]] = set()
@@ -148,7 +146,7 @@ class Closer:
         reason = message = ""
         try:
             reply = await post(
-                self._session,
+                self._client,
                 url,
                 body,
                 timeout=self._timeout,

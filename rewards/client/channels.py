@@ -24,16 +24,13 @@ from dataclasses import dataclass
 
 import grpc
 
+from nemo_gym_grpc.bridge.contract import MAX_MESSAGE_BYTES
 from nemo_gym_grpc.rewards.client import ray_target
 from nemo_gym_grpc.rewards.client.per_process import PerProcess
 from nemo_gym_grpc.v1 import rollout_pb2_grpc, verify_pb2_grpc
 
-MiB = 1024 * 1024
 # grpc.ChannelConnectivity.READY as the core channel reports it (an int).
 _READY = grpc.ChannelConnectivity.READY.value[0]
-# gRPC's default 4 MiB receive limit rejects a 64-item message of long completions; the
-# bridge's `--max-message-mb` defaults to the same 64 MiB.
-MAX_MESSAGE_BYTES = 64 * MiB
 ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [

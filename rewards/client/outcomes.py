@@ -1,9 +1,10 @@
 """What one item came to: a `VerifyResponse` (scoring) or a `RunResponse` (a rollout), or a
 `Failure` saying why not.
 
-Also the reasons (`google.rpc.ErrorInfo.reason`) of the failures the client side decides
-itself, without the bridge: `INVALID_ITEM` and `ITEM_TOO_LARGE` are the bridge's own reasons
-for the same causes (`bridge/errors.py`), the scorefile ones exist on this side only. And
+Also the reasons (`google.rpc.ErrorInfo.reason`) of the failures only the client side decides
+(a rollout without usable tokens, a bad `score` row); an item the client refuses for a cause the
+bridge refuses too (not valid, over the message limit) gets the bridge's own reason
+(`bridge/errors.py`: `INVALID_ITEM`, `ITEM_TOO_LARGE`). And
 `finite_number`, the one test of "a number worth reporting" for rows and reply fields.
 """
 
@@ -20,12 +21,7 @@ from grpc_status import rpc_status
 
 from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
-# An item that cannot be turned into a `/verify` call (here: no server name, text that is
-# not valid Unicode).
-INVALID_ITEM = "INVALID_ITEM"
-# An item bigger than the gRPC message limit (here: it cannot be sent at all).
-ITEM_TOO_LARGE = "ITEM_TOO_LARGE"
-# A rollout without the tokens a trainer needs (decided by `stitch.py`): no model call returned
+# A rollout without the tokens a trainer needs (decided by `trl/stitch.py`): no model call returned
 # token ids (the agent's policy model is not `vllm_model` with `return_token_id_information`)
 # or nothing was generated; a turn's prompt does not continue the previous turn's prompt and
 # generation; a turn's logprobs do not match its generated tokens.

@@ -1,7 +1,7 @@
 """What a reward function returns for items that failed: the `on_error` policy and the guard.
 
-- `on_error="none"` (default): a failed item's reward is None (TRL reads None as NaN, leaves
-  it out of the means and gives it no advantage).
+- `on_error="none"` (default): a failed item's reward is None (what TRL does with it:
+  docs/rewards.md, "What TRL does with None").
 - `on_error="zero"`: 0.0, as axolotl's own NeMo Gym functions did (seed-compatible; a failure
   then trains the policy like a wrong answer, so use it only to reproduce old runs).
 - `on_error="raise"`: any failed item makes the call raise `ScoringError`.

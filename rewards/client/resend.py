@@ -12,16 +12,18 @@ started (the bridge's own rule for retrying a rollout). docs/failures.md says wh
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, Protocol, TypeVar
 
-from nemo_gym_grpc.rewards.client.channels import MiB
+from nemo_gym_grpc.bridge.contract import MiB
 from nemo_gym_grpc.rewards.client.outcomes import Failure
 
 ITEMS_PER_MESSAGE = 64
 # A message is closed early once its items reach this size (a big message only adds latency).
 BYTES_PER_MESSAGE = 16 * MiB
 MAX_STREAMS = 3  # a call's first stream and at most two more after breaks
+log = logging.getLogger(__name__)
 BROKEN = "UNAVAILABLE"  # the status of a stream that broke (its bridge gone, reset, draining)
 
 
@@ -77,12 +79,13 @@ class Streams(Generic[Req]):
             yield message(chunk)
 
     def after_break(
-        self, failure: Failure | None, unanswered: list[Req], time_left: float
+        self, failure: Failure | None, unanswered: list[Req], time_left: float, where: str = ""
     ) -> tuple[list[Req], list[Req]]:
-        """After the current stream ended with `failure` (None: OK) and left `unanswered`:
-        (the items to send on a next stream, the items that keep the stream's failure).
-        Nothing is sent again unless the stream broke (BROKEN), fewer than MAX_STREAMS streams
-        ran and time is left; the next stream's items then become `pending`."""
+        """After the current stream (`where`, for the log) ended with `failure` (None: OK) and
+        left `unanswered`: (the items to send on a next stream, the items that keep the
+        stream's failure). Nothing is sent again unless the stream broke (BROKEN), fewer than
+        MAX_STREAMS streams ran and time is left; the next stream's items then become
+        `pending`, and a WARNING says so."""
         if failure is None or failure.code != BROKEN:
             return [], []
         again = [i for i in unanswered if self.resend_taken or i.request_id not in self.taken]
@@ -90,4 +93,8 @@ class Streams(Generic[Req]):
         if not again or self.count >= MAX_STREAMS or time_left <= 0:
             return [], kept
         self.pending, self.taken, self.count = again, set(), self.count + 1
+        log.warning(
+            "%s broke (%s: %s): its %d unanswered items go out again (stream %d of %d)",
+            where, failure.code, failure.message, len(again), self.count, MAX_STREAMS,
+        )  # fmt: skip
         return again, kept

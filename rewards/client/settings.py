@@ -26,7 +26,7 @@ variable (`resolve`); unset or empty means the default.
   rollouts' `RunStream` call (`run_rollouts`, the TRL `rollout_func`): every rollout of the
   batch ends by then (a rollout without a result fails with DEADLINE_EXCEEDED).
 - `NEMO_GYM_GRPC_RUN_TIMEOUT` (unset): seconds one rollout's agent `/run` call may take
-  (`RunRequest.timeout_seconds`); unset = the bridge's `--run-timeout` (3600 s by default).
+  (`RunRequest.timeout_seconds`); unset = the bridge's `--run-timeout`.
   The bridge reads the same variable for that default, so an embedded bridge agrees.
 - `NEMO_GYM_GRPC_CONNECT_TIMEOUT` (60): seconds one batch waits for a connection to the
   bridge (within the batch deadline) before all its items fail with UNAVAILABLE.
@@ -39,12 +39,15 @@ variable (`resolve`); unset or empty means the default.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from nemo_gym_grpc.bridge.contract import RUN_TIMEOUT_ENV, TOKEN_ENV
+from nemo_gym_grpc.bridge.flags import http_url
 from nemo_gym_grpc.rewards.client.channels import Security
 
 T = TypeVar("T")
@@ -54,14 +57,12 @@ HEAD_URL_ENV = "NEMO_GYM_HEAD_URL"
 BATCH_TIMEOUT_ENV = "NEMO_GYM_GRPC_BATCH_TIMEOUT"
 CONNECT_TIMEOUT_ENV = "NEMO_GYM_GRPC_CONNECT_TIMEOUT"
 ROLLOUT_BATCH_TIMEOUT_ENV = "NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT"
-RUN_TIMEOUT_ENV = "NEMO_GYM_GRPC_RUN_TIMEOUT"  # the bridge's --run-timeout reads it too
 STARTUP_TIMEOUT_ENV = "NEMO_GYM_GRPC_STARTUP_TIMEOUT"
 ON_ERROR_ENV = "NEMO_GYM_GRPC_ON_ERROR"
 MAX_FAILURE_FRACTION_ENV = "NEMO_GYM_GRPC_MAX_FAILURE_FRACTION"
 CA_ENV = "NEMO_GYM_GRPC_CA"
 CLIENT_CERT_ENV = "NEMO_GYM_GRPC_CLIENT_CERT"
 CLIENT_KEY_ENV = "NEMO_GYM_GRPC_CLIENT_KEY"
-TOKEN_ENV = "NEMO_GYM_GRPC_TOKEN"  # the bridge reads the same name (bridge/config.py)
 
 DEFAULT_HEAD_URL = "http://127.0.0.1:11000"  # NeMo Gym's DEFAULT_HEAD_SERVER_PORT
 DEFAULT_BATCH_TIMEOUT = 600.0
@@ -136,24 +137,14 @@ def head_url() -> str:
     """`NEMO_GYM_HEAD_URL` (`DEFAULT_HEAD_URL`), without a trailing slash.
 
     Raises:
-        ValueError: the value is not an http(s) URL with a host.
+        ValueError: the value is not an http(s) URL with a host (the rule of the bridge's
+            `--head-url`, `flags.http_url`); the message names the variable.
     """
-    return check_head_url(env_text(HEAD_URL_ENV) or DEFAULT_HEAD_URL, HEAD_URL_ENV)
-
-
-def check_head_url(text: str, source: str) -> str:
-    """`text` without a trailing slash if it is an http(s) URL with a host.
-
-    Raises:
-        ValueError: anything else (the message names `source`, e.g. the env var or flag).
-    """
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(
-            f"{source}={text!r} must be the NeMo Gym head server's http(s) URL, "
-            "e.g. http://127.0.0.1:11000"
-        )
-    return text.rstrip("/")
+    text = env_text(HEAD_URL_ENV) or DEFAULT_HEAD_URL
+    try:
+        return http_url(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"{HEAD_URL_ENV}: {exc}") from None
 
 
 def batch_timeout() -> float:

@@ -5,20 +5,18 @@ this process's embedded bridge, with the TLS files, token, deadline and connect 
 
 Every adapter sends through a `Route`: the reward functions, the rollouts, the verl, slime and
 OpenRLHF adapters and `score` resolve one (`Route.resolve`) and send each batch with `send` or
-`asend`. `Call` is the same for both RPCs (`VERIFY`, `RUN`) and both faces: it checks the
-requests (unique ids, each within the message limit), sends them in messages, matches results
-by `request_id`, sends what a broken stream left unanswered again (`resend.py`), and at the
-end gives every item without a result the call's own failure (`Failure.whole_call`). `send`
-drives it over grpcio on the process's shared channel (`channels.shared`); `asend` over
-grpc.aio on a channel of its own, closed before it returns, so it can be awaited from any event
-loop in any thread, one call after another or at once (a loopback handshake, ~1 ms, per call).
+`asend`; the AsyncGRPOTrainer worker's long-lived feed (`live.py`) opens its calls on one too.
+`Call` (the books of one call) is the same for both RPCs (`VERIFY`, `RUN`), both faces and the
+feed. `send` drives it over grpcio on the process's shared channel (`channels.shared`); `asend`
+over grpc.aio on a channel of its own per stream, closed before it returns, so it can be awaited
+from any event loop in any thread, one call after another or at once (a loopback handshake, ~1
+ms, per call). Both resend what a broken stream left unanswered on a new stream (`resend.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -27,14 +25,15 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import grpc
 from google.rpc import status_pb2
 
+from nemo_gym_grpc.bridge.contract import MAX_MESSAGE_BYTES
+from nemo_gym_grpc.bridge.errors import ITEM_TOO_LARGE
 from nemo_gym_grpc.rewards.client import channels, embedded, resend, settings
-from nemo_gym_grpc.rewards.client.channels import MAX_MESSAGE_BYTES, Security
-from nemo_gym_grpc.rewards.client.outcomes import ITEM_TOO_LARGE, Failure, ProtocolError
+from nemo_gym_grpc.rewards.client.channels import Security
+from nemo_gym_grpc.rewards.client.outcomes import Failure, ProtocolError
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc, verify_pb2, verify_pb2_grpc
 
 # Room for a stream message's own framing around its items.
 MAX_ITEM_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
-log = logging.getLogger(__name__)
 
 
 class _Result(Protocol):
@@ -107,10 +106,11 @@ class Call(Generic[Req, Res, Msg]):
     new one (`resend.py`). Per-item errors become `Failure`s. If the call fails as a whole
     (deadline, bridge gone for good, no connection, token refused), every item without a
     result gets that call's `Failure` (`whole_call`). An item bigger than the message limit
-    fails alone (INVALID_ARGUMENT / ITEM_TOO_LARGE), unsent: `__init__` fails those up front
-    (`sendable` holds the rest), `start` gives a stream's messages and the time left,
-    `on_message` records results, `reading` the stream's own failure (`on_no_connection`: no
-    connection), `resend` decides on another stream, `finish` returns every outcome.
+    fails alone (INVALID_ARGUMENT / ITEM_TOO_LARGE) without being sent. `__init__` books the
+    items (`add`; a long-lived call, `live.py`, books more as they come and `take`s each
+    outcome as it arrives), `start` gives a stream's messages and the time left, `on_message`
+    records results, `reading` the stream's own failure (`on_no_connection`: no connection),
+    `resend` decides on another stream, `finish` returns every outcome.
 
     Args:
         rpc: `VERIFY` (outcomes: `VerifyResponse` or `Failure`) or `RUN` (`RunResponse`, its
@@ -144,13 +144,17 @@ class Call(Generic[Req, Res, Msg]):
         self.connect_wait = min(connect_timeout, timeout)
         self.deadline = time.monotonic() + timeout
         self.outcomes: dict[str, Res | Failure] = {}
-        self.sendable: list[Req] = []
         self.failure: Failure | None = None
-        ids: set[str] = set()
+        self.sent: set[str] = set()
+        self.sendable = self.add(requests)
+        self.streams = resend.Streams(self.sendable, rpc.resend_taken)
+
+    def add(self, requests: Sequence[Req]) -> list[Req]:
+        """Book `requests`; those to send are returned (the others fail: ITEM_TOO_LARGE)."""
+        sendable: list[Req] = []
         for request in requests:
-            if request.request_id in ids:
+            if request.request_id in self.sent or request.request_id in self.outcomes:
                 raise ValueError(f"duplicate request_id {request.request_id!r}")
-            ids.add(request.request_id)
             size = request.ByteSize()
             if size > MAX_ITEM_BYTES:
                 self.outcomes[request.request_id] = Failure(
@@ -159,9 +163,14 @@ class Call(Generic[Req, Res, Msg]):
                     f"item is {size} bytes; the gRPC message limit is {MAX_MESSAGE_BYTES} bytes",
                 )
             else:
-                self.sendable.append(request)
-        self.sent = {request.request_id for request in self.sendable}
-        self.streams = resend.Streams(self.sendable, rpc.resend_taken)
+                self.sent.add(request.request_id)
+                sendable.append(request)
+        return sendable
+
+    def take(self, request_id: str) -> Res | Failure:
+        """`request_id`'s outcome, dropped from the books (KeyError: none yet)."""
+        self.sent.discard(request_id)
+        return self.outcomes.pop(request_id)
 
     def left(self) -> float:
         """Seconds left until the call's deadline (0 when past)."""
@@ -205,20 +214,14 @@ class Call(Generic[Req, Res, Msg]):
         )
 
     def resend(self) -> bool:
-        """After a stream ended: True when its unanswered items go out on another
-        (`resend.Streams.after_break`; a WARNING says so), else False (call `finish`)."""
-        failure = self.failure
+        """After a stream: True if its unanswered items go on another (`resend.py`), else False."""
         unanswered = [i for i in self.streams.pending if i.request_id not in self.outcomes]
-        again, kept = self.streams.after_break(failure, unanswered, self.left())
-        if failure is None or not again:
+        where = f"{self.rpc.name} to {self.target}"
+        again, kept = self.streams.after_break(self.failure, unanswered, self.left(), where)
+        if self.failure is None or not again:
             return False
-        lost = replace(failure, whole_call=True)  # the items that may have started stay failed
+        lost = replace(self.failure, whole_call=True)  # those that may have started stay failed
         self.outcomes.update(dict.fromkeys([i.request_id for i in kept], lost))
-        log.warning(
-            "%s to %s broke (%s: %s): its %d unanswered items go out again (stream %d of %d)",
-            self.rpc.name, self.target, failure.code, failure.message, len(again),
-            self.streams.count, resend.MAX_STREAMS,
-        )  # fmt: skip
         self.failure = None
         return True
 
@@ -362,10 +365,7 @@ class Route:
         return await asyncio.to_thread(embedded.ensure_bridge, self.spec())
 
     def call(
-        self,
-        rpc: Rpc[Req, Res, Msg],
-        address: str,
-        requests: Sequence[Req],
+        self, rpc: Rpc[Req, Res, Msg], address: str, requests: Sequence[Req]
     ) -> Call[Req, Res, Msg]:
         """A `Call` of `requests` to the bridge at `address`, on this route's terms."""
         return Call(

@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from nemo_gym_grpc.bridge import cli as bridge_cli
 from nemo_gym_grpc.bridge.flags import (
+    http_url,
     non_negative_float,
     positive_float,
     positive_int,
@@ -60,7 +60,7 @@ def _add_score_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
     where.add_argument(
         "--head-url",
-        type=lambda text: _checked(settings.check_head_url, text, "--head-url"),
+        type=http_url,
         help="NeMo Gym head server for an embedded bridge "
         f"(default: env {settings.HEAD_URL_ENV}, else {settings.DEFAULT_HEAD_URL})",
     )
@@ -90,14 +90,6 @@ def _score_server(text: str) -> tuple[str, str | None]:
     if "=" not in text:
         return text, None
     return server_entry(text)
-
-
-def _checked(check: Callable[[str, str], str], text: str, flag: str) -> str:
-    """`check(text, flag)` with its ValueError as argparse's (exit 2, one line)."""
-    try:
-        return check(text, flag)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace(f"{flag}={text!r} ", "")) from None
 
 
 def output_problem(path: Path) -> str | None:

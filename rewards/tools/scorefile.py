@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_gym_grpc.bridge.errors import INVALID_ITEM
 from nemo_gym_grpc.rewards.client.convert import (
     InvalidText,
     json_object,
@@ -49,7 +50,6 @@ from nemo_gym_grpc.rewards.client.convert import (
     resources_server_name,
 )
 from nemo_gym_grpc.rewards.client.outcomes import (
-    INVALID_ITEM,
     INVALID_ROW,
     NO_RESOURCES_SERVER,
     Failure,

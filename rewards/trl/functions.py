@@ -4,13 +4,13 @@ Same names and call shapes as axolotl's `axolotl.integrations.nemo_gym.rewards`,
 replace. A reward function gets `completions`, `prompts` and every dataset column as keyword
 arguments (one value per completion) and returns one value per completion, in input order:
 the reward (float), or for an item that could not be scored what the failure policy says
-(`policy.py`: None by default, or 0.0, or `ScoringError`).
+(`client/policy.py`: None by default, or 0.0, or `ScoringError`).
 
 One call = one `VerifyStream` RPC carrying the whole batch. The `*_async` forms do the same
 over `grpc.aio` for TRL's async reward path. When TRL passes `log_metric` / `log_extra`, the
 per-item extras (failures, reward components, numeric reply fields) go to them
 (`logs.py`). Settings not given as keywords come from environment variables, read at
-each call: see `settings.py`.
+each call: see `client/settings.py`.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def reward_nemo_gym_verify(
             (see `nemo_gym_grpc.rewards.trl.logs`).
         **kwargs: other dataset columns and TRL arguments, ignored.
 
-    Settings: the environment variables of `nemo_gym_grpc.rewards.settings` (target, TLS,
+    Settings: the environment variables of `nemo_gym_grpc.rewards.client.settings` (target, TLS,
     token, head server, timeouts, failure policy), read at each call. Per-item `/verify`
     timeout: the bridge's default. The Responses object carries model "axolotl", as in the
     seed.
@@ -149,7 +149,7 @@ def create_nemo_gym_reward_fn(
 ) -> Callable[..., list[float | None]] | Callable[..., Awaitable[list[float | None]]]:
     """A reward function bound to explicit `/verify` endpoints (axolotl's plugin uses this).
 
-    Keyword-only settings left None take their environment variable (`settings.py`) at each
+    Keyword-only settings left None take their environment variable (`client/settings.py`) at each
     call.
 
     Args:
@@ -167,10 +167,10 @@ def create_nemo_gym_reward_fn(
             table; `verify_endpoints` then only serve the embedded case.
         batch_timeout: keyword-only: gRPC deadline in seconds for one call's batch
             (`NEMO_GYM_GRPC_BATCH_TIMEOUT`).
-        on_error: keyword-only: "none", "zero" or "raise" (`policy.py`;
+        on_error: keyword-only: "none", "zero" or "raise" (`client/policy.py`;
             `NEMO_GYM_GRPC_ON_ERROR`).
         max_failure_fraction: keyword-only: the call raises `ScoringError` when more than
-            this fraction (0..1) of its items failed (`policy.py`;
+            this fraction (0..1) of its items failed (`client/policy.py`;
             `NEMO_GYM_GRPC_MAX_FAILURE_FRACTION`).
         asynchronous: keyword-only: return a coroutine function (grpc.aio; for TRL's async
             reward path, see `reward_nemo_gym_verify_async`) instead of a plain one.

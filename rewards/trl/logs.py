@@ -18,8 +18,11 @@ metrics (`log_metric`), one value per call:
 
 columns (`log_extra`), one value per item (None where an item has no such value):
 - `NAME/error`: the failure's cause ("UNAVAILABLE (UPSTREAM_UNAVAILABLE)"), None on success;
-- `NAME/failure_kind`, `NAME/failure_reason`: a scored item's `VerifyResponse.failure_kind` /
-  `failure_reason`, None when empty or the item failed (a failed item's kind is in its error);
+- `NAME/failure_kind`, `NAME/failure_reason`: what NeMo Gym (>= 0.7) said went wrong: a
+  scored item's `VerifyResponse.failure_kind` / `failure_reason` (a degraded but valid
+  measurement), a failed item's error metadata `failureKind` / `failureReason` (e.g. a judge
+  failure: "judge_failed" and the judge's error); at most MAX_LOGGED_TEXT characters (a longer
+  one cut, ending with "..."), None where there is none;
 - `NAME/components/C` and `NAME/reply/F`: the item's values.
 
 Reply fields count when they are numbers (`outcomes.finite_number`), their name does not
@@ -37,10 +40,26 @@ from typing import Any
 
 from nemo_gym_grpc.rewards.client.outcomes import Failure, Outcome, finite_number
 
+MAX_LOGGED_TEXT = 500  # characters of a failure_reason in TRL's completions table
+# A column -> the VerifyResponse field of a scored item and the error metadata key of a failed one.
+DIAGNOSTICS = {"failure_kind": "failureKind", "failure_reason": "failureReason"}
+
 
 def wanted(kwargs: Mapping[str, Any]) -> bool:
     """True when the caller (TRL) passed a `log_metric` or `log_extra` callable."""
     return callable(kwargs.get("log_metric")) or callable(kwargs.get("log_extra"))
+
+
+def diagnostic(outcome: Outcome, column: str) -> str | None:
+    """An item's `failure_kind` or `failure_reason` (`column`) for its table cell (see the
+    module docstring): None when empty, else at most MAX_LOGGED_TEXT characters."""
+    if isinstance(outcome, Failure):
+        text = outcome.metadata.get(DIAGNOSTICS[column], "")
+    else:
+        text = getattr(outcome, column)
+    if len(text) > MAX_LOGGED_TEXT:
+        return text[: MAX_LOGGED_TEXT - 3] + "..."
+    return text or None
 
 
 def item_values(outcome: Outcome, row: Any) -> dict[str, float]:
@@ -111,11 +130,8 @@ class ExtrasLog:
         if callable(log_extra):
             causes = [o.cause if isinstance(o, Failure) else None for o in outcomes]
             log_extra(f"{self.name}/error", causes)
-            for key in ("failure_kind", "failure_reason"):
-                column = [
-                    None if isinstance(o, Failure) else getattr(o, key) or None for o in outcomes
-                ]
-                log_extra(f"{self.name}/{key}", column)
+            for key in DIAGNOSTICS:
+                log_extra(f"{self.name}/{key}", [diagnostic(o, key) for o in outcomes])
             with self._lock:
                 for values in per_item:
                     for key in values:

@@ -21,9 +21,9 @@ its `agent_ref.name`, else `agent`.
 
 A failed rollout (any `Failure`, a masked sample, tokens that cannot be stitched) becomes
 `stitch.failed_sample`: a one-token EOS completion with `env_mask` 0 and reward NaN. It never
-trains, and TRL leaves it out of the group baseline (its advantage is 0). When more than
-`max_failure_fraction` of one call's rollouts failed, the call raises `ScoringError` instead:
-that is an outage, not a training signal.
+trains, and TRL leaves it out of the group baseline (docs/rewards.md, "What TRL does with
+None"). When more than `max_failure_fraction` of one call's rollouts failed, the call raises
+`ScoringError` instead: that is an outage, not a training signal.
 """
 
 from __future__ import annotations
@@ -112,6 +112,58 @@ def rollout_output(
     return output
 
 
+def run_rows(
+    rows: Sequence[Mapping[str, Any]],
+    prompts: Sequence[Any],
+    trainer: Any,
+    *,
+    agent: str | None = None,
+    target: str | None = None,
+    batch_timeout: float | None = None,
+    run_timeout: float | None = None,
+    trainer_sampling: bool = True,
+    max_failure_fraction: float | None = None,
+    where: str = "rollouts",
+) -> dict[str, list[Any]]:
+    """NeMo Gym rows (one per prompt, already looked up) run as rollouts for a GRPO trainer:
+    the part `rollout_func` and axolotl's data producer (`nemo_gym_grpc.rewards.axolotl`)
+    share. Keywords as `create_nemo_gym_rollout_func`'s (None = the env var, read now);
+    `where` names the caller in the failure message.
+
+    Returns:
+        `rollout_output`'s dict, one entry per row (failed rollouts: NaN, masked).
+
+    Raises:
+        ScoringError: more than `max_failure_fraction` of the rollouts failed.
+        What `rollouts.run_rollouts` raises.
+    """
+    sampling = (
+        {"temperature": float(trainer.temperature), "top_p": float(trainer.top_p)}
+        if trainer_sampling
+        else None
+    )
+    outcomes = rollouts.run_rollouts(
+        rows,
+        agent=agent,
+        target=target,
+        batch_timeout=batch_timeout,
+        run_timeout=run_timeout,
+        prompts=prompts,
+        responses_create_params=sampling,
+    )
+    failures: dict[int, Failure] = {}
+    output = rollout_output(outcomes, eos_token_id(trainer), failures)
+    policy.guard(
+        failures,
+        len(rows),
+        max_failure_fraction=settings.resolve(max_failure_fraction, settings.max_failure_fraction),
+        where=where,
+        what="rollouts",
+        gives="reward NaN, completion masked",
+    )
+    return output
+
+
 def create_nemo_gym_rollout_func(
     agent: str | None = None,
     *,
@@ -126,7 +178,7 @@ def create_nemo_gym_rollout_func(
     """A TRL `rollout_func` that runs each prompt as one NeMo Gym rollout (see the module
     docstring for what TRL passes, the row lookup and the failure rules).
 
-    Keyword settings left None take their environment variable (`settings.py`) at each call.
+    Keyword settings left None take their environment variable (`client/settings.py`) at each call.
 
     Args:
         agent: the agent (or environment server) for rows without `agent_ref.name`.
@@ -196,31 +248,15 @@ class _RolloutFunc:
         """NeMo Gym rollouts for TRL's `prompts` (one per entry); see
         `create_nemo_gym_rollout_func`."""
         index = self.index_for(trainer)
-        batch_rows = [nemo_gym_row(index.row(prompt), self.row_column) for prompt in prompts]
-        sampling = (
-            {"temperature": float(trainer.temperature), "top_p": float(trainer.top_p)}
-            if self.trainer_sampling
-            else None
-        )
-        outcomes = rollouts.run_rollouts(
-            batch_rows,
+        return run_rows(
+            [nemo_gym_row(index.row(prompt), self.row_column) for prompt in prompts],
+            prompts,
+            trainer,
             agent=self.agent,
             target=self.target,
             batch_timeout=self.batch_timeout,
             run_timeout=self.run_timeout,
-            prompts=prompts,
-            responses_create_params=sampling,
-        )
-        failures: dict[int, Failure] = {}
-        output = rollout_output(outcomes, eos_token_id(trainer), failures)
-        policy.guard(
-            failures,
-            len(prompts),
-            max_failure_fraction=settings.resolve(
-                self.max_failure_fraction, settings.max_failure_fraction
-            ),
+            trainer_sampling=self.trainer_sampling,
+            max_failure_fraction=self.max_failure_fraction,
             where=f"rollout_func, {len(prompts)} prompts",
-            what="rollouts",
-            gives="reward NaN, completion masked",
         )
-        return output

@@ -52,7 +52,7 @@ class StitchError(ValueError):
         reason: `NO_TOKENS` (no turn, an empty first prompt, or nothing generated),
             `TURNS_NOT_CONTIGUOUS` (a turn's prompt does not begin with the previous turn's
             prompt + generation) or `LOGPROBS_MISMATCH` (a turn has another number of
-            logprobs than generated tokens); the reasons of `outcomes.py`.
+            logprobs than generated tokens); the reasons of `client/outcomes.py`.
     """
 
     def __init__(self, reason: str, message: str) -> None:

@@ -12,7 +12,8 @@
 
 Also here: procs.py (processes, ports), items.py (request builders shared by the tests),
 fault_proxy.py, prometheus_scrape.py, policy_model.py (the scripted policy upstream) and
-toy_chat.py (its tokenizer and chat template). Command line: `python -m tests.support --help`.
+toy_chat.py (its tokenizer and chat template), grpo.py (GRPO advantages over the scored
+completions only: the axolotl tests' reference). Command line: `python -m tests.support --help`.
 Linux/POSIX only (process groups, fcntl, /proc).
 """
 

@@ -5,8 +5,9 @@ python -m tests.support find-python          # the Python it is built with
 python -m tests.support run [SERVER ...]     # start servers, print URLs; Ctrl-C stops
 python -m tests.support agents [--policy-delay S] [--tool-turns N]
                                              # the agent stack (agents.py), print URLs; Ctrl-C stops
+python -m tests.support ensure-axolotl       # build (or find) the axolotl venv (axolotl_venv.py)
 
-Each takes --version 0.7.0 | 0.4.0 (default: env NEMO_GYM_VERSION, else 0.7.0).
+Each NeMo Gym command takes --version 0.7.0 | 0.4.0 (default: env NEMO_GYM_VERSION, else 0.7.0).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tests.support import (
     find_python,
     venv_version,
 )
+from tests.support.axolotl_venv import AXOLOTL_VERSION, ensure_axolotl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     agents = commands.add_parser(
         "agents", help="start the agent stack (scripted policy), print URLs; Ctrl-C stops it"
     )
+    commands.add_parser("ensure-axolotl", help="build (or find) the cached axolotl venv")
     agents.add_argument("--policy-delay", type=float, default=0.0, help="s per model call")
     agents.add_argument("--tool-turns", type=int, default=1, help="tool calls per rollout")
     for command in (ensure, find, run, agents):
@@ -55,7 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("servers", nargs="*", default=list(DEFAULT_SERVERS))
     args = parser.parse_args(argv)
     try:
-        if args.command == "find-python":
+        if args.command == "ensure-axolotl":
+            started = time.monotonic()
+            python = ensure_axolotl()
+            print(f"{python} ready: axolotl {AXOLOTL_VERSION} ({time.monotonic() - started:.1f} s)")
+        elif args.command == "find-python":
             print(find_python(args.version))
         elif args.command == "ensure-venv":
             started = time.monotonic()

@@ -18,6 +18,9 @@ A fault applies to requests whose body contains `match` (None = every request), 
     drop           read the request, close the connection without a response
     stall_body     forward, send the reply's headers and half its body, then never finish
     cut_body       forward, send the reply's headers and half its body, then close
+    reset          read the request, then reset the connection (TCP RST, no response)
+    trickle        forward, send the reply's body in `pieces` parts, `pace` seconds apart
+    chunked        forward, send the reply chunked (Transfer-Encoding), in `pieces` chunks
 
 Counters: `in_flight` (requests being handled now; a client that disconnects ends its
 request), `peak_in_flight`, `total`, `attempts[request_id]` (`/verify` requests, also under
@@ -29,9 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import struct
 import threading
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -53,6 +58,10 @@ class Fault:
         status: HTTP status for `status` / `reply`.
         body: reply body for `status` / `reply`.
         seconds: wait this long before acting (a slow upstream).
+        pieces: parts of the body for `trickle` and `chunked`.
+        pace: seconds between those parts.
+        headers: reply headers added to the answer of `pass`, `status`, `reply` and `delay`
+            (what no real server sends yet, e.g. `X-NG-Failure-Report`).
         hits: how many requests this fault was applied to (counted by the proxy).
     """
 
@@ -62,6 +71,9 @@ class Fault:
     status: int = 200
     body: bytes = b""
     seconds: float = 0.0
+    pieces: int = 4
+    pace: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
     hits: int = 0
 
     def applies(self, body: bytes) -> bool:
@@ -214,14 +226,17 @@ class FaultProxy:
         action = fault.action if fault else "pass"
         if fault is not None and fault.seconds:
             await asyncio.sleep(fault.seconds)
-        if action in ("hang", "drop"):
+        if action in ("hang", "drop", "reset"):
+            if action == "reset" and request.transport is not None:
+                sock = request.transport.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                request.transport.abort()
             if action == "drop":
                 request.transport.close()
             await asyncio.Event().wait()  # ends when the connection does (cancellation)
         if action == "status":
-            return web.Response(
-                status=fault.status, body=fault.body, headers={"Content-Type": "application/json"}
-            )
+            headers = {"Content-Type": "application/json", **fault.headers}
+            return web.Response(status=fault.status, body=fault.body, headers=headers)
         status, payload, content_type = await self._forward(request, body)
         if action == "reply":
             payload = fault.body
@@ -237,4 +252,25 @@ class FaultProxy:
         headers = CIMultiDict({"Content-Type": content_type})
         for cookie in request.get(_SET_COOKIE, ()):
             headers.add("Set-Cookie", cookie)
+        headers.update(fault.headers if fault is not None else {})
+        if action in ("trickle", "chunked"):
+            return await _in_pieces(request, status, headers, payload, fault)
         return web.Response(status=status, body=payload, headers=headers)
+
+
+async def _in_pieces(request: web.Request, status: int, headers, payload: bytes, fault: Fault):
+    """The reply's body in `fault.pieces` writes, `fault.pace` seconds apart: with a
+    Content-Length (`trickle`) or chunked (`chunked`)."""
+    response = web.StreamResponse(status=status, headers=headers)
+    if fault.action == "chunked":
+        response.enable_chunked_encoding()
+    else:
+        response.content_length = len(payload)
+    await response.prepare(request)
+    size = -(-len(payload) // max(fault.pieces, 1)) or 1
+    for start in range(0, len(payload), size):
+        if start and fault.pace:
+            await asyncio.sleep(fault.pace)
+        await response.write(payload[start : start + size])
+    await response.write_eof()
+    return response

@@ -15,9 +15,14 @@ and 0.7.0 call when the reply has no inline ids); a request with `return_token_i
         policy.knobs = Knobs(delay=0.2)      # faults, read on every call
         policy.calls                         # the request log (CallRecord)
 
-Routes: `POST /v1/chat/completions`, `POST /tokenize`, `GET /v1/models`, `GET /health`, and
-`/judge/...` (every method), which always answers 503 (`judge_base_url`: a judge model's
-upstream that is down, for masked rollouts).
+Routes: `POST /v1/chat/completions`, `POST /tokenize`, `GET /v1/models` (with `max_model_len`),
+`GET /health`, and `/judge/...` (every method), which always answers 503 (`judge_base_url`: a
+judge model's upstream that is down, for masked rollouts). And what TRL 1.16's async GRPO
+`VLLMClient` asks of the vLLM server it keeps in sync (`url` is its `vllm_server_base_url`):
+`GET /get_world_size` (1), `POST /pause` (chat completions wait until `POST /resume`, as vLLM's
+`mode=keep` freezes requests in flight), `POST /init_weight_transfer_engine`,
+`/start_weight_update`, `/update_weights`, `/finish_weight_update` (acknowledged; no weights
+move) and `GET /server_info` (dtype float32).
 
 Replies, chosen from the conversation (Chat Completions `messages`):
 - the request offers the `get_weather` tool (example_single_tool_call) and the conversation has
@@ -35,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,6 +56,13 @@ FORECAST_PREFIX = "Here is the forecast:"
 WRONG_MATH_ANSWER = "The answer is \\boxed{-1}."
 DEFAULT_ANSWER = "I cannot help with that."
 MODEL_NAME = "scripted-policy"
+# vLLM's weight-update routes (VLLM_SERVER_DEV_MODE=1) that TRL's async GRPO client posts to.
+WEIGHT_ROUTES = (
+    "/init_weight_transfer_engine",
+    "/start_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+)
 
 
 @dataclass
@@ -68,6 +81,12 @@ class Knobs:
         match: apply delay/hold/status only to calls whose request body (JSON text) contains
             this substring (None: every call).
         tool_turns: how many get_weather calls to make before the final answer.
+        tool_call_rate: the chance that a conversation offered get_weather calls it at all
+            (else the first turn answers DEFAULT_ANSWER, which example_single_tool_call scores
+            0.0): a stand-in for sampling, so that the rollouts of one prompt differ. Drawn
+            per conversation from a generator seeded with `seed` when these knobs were set.
+            1.0: always.
+        seed: the seed of that generator.
     """
 
     delay: float = 0.0
@@ -77,6 +96,8 @@ class Knobs:
     status_times: int | None = None
     match: str | None = None
     tool_turns: int = 1
+    tool_call_rate: float = 1.0
+    seed: int = 0
 
 
 @dataclass
@@ -111,6 +132,9 @@ class ScriptedPolicy:
         self.calls: list[CallRecord] = []
         self.pid = os.getpid()
         self.port = 0
+        self.max_model_len = 4096
+        self._sampling = (self.knobs, random.Random(self.knobs.seed))
+        self._resumed: asyncio.Event | None = None  # cleared while paused (made on the loop)
         self._status_used = 0
         self._release: asyncio.Event | None = None
         self._loop = asyncio.new_event_loop()
@@ -149,6 +173,12 @@ class ScriptedPolicy:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_route("*", "/judge/{tail:.*}", self._judge)
+        app.router.add_get("/get_world_size", self._world_size)
+        app.router.add_get("/server_info", self._server_info)
+        app.router.add_post("/pause", self._pause)
+        app.router.add_post("/resume", self._resume)
+        for route in WEIGHT_ROUTES:
+            app.router.add_post(route, self._acknowledge)
         # handler_cancellation: a client that closes its connection cancels the handler
         # (so a held call sees the close at once).
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -170,9 +200,10 @@ class ScriptedPolicy:
         self._loop.close()
 
     def reset(self) -> None:
-        """Default knobs, held calls released, an empty request log."""
+        """Default knobs, held calls released, not paused, an empty request log."""
         self.knobs = Knobs()
         self.release()
+        self._loop.call_soon_threadsafe(self._unpause)
         self._status_used = 0
         self.calls.clear()
 
@@ -180,6 +211,10 @@ class ScriptedPolicy:
         """Let every held call answer now (as if `hold` were off); later calls are held again
         while `knobs.hold` is set."""
         self._loop.call_soon_threadsafe(self._release_in_loop)
+
+    def _unpause(self) -> None:
+        if self._resumed is not None:
+            self._resumed.set()
 
     def _release_in_loop(self) -> None:
         if self._release is not None:
@@ -205,6 +240,8 @@ class ScriptedPolicy:
         tool_messages = [m for m in messages if m.get("role") == "tool"]
         last = messages[-1] if messages else {}
         offers_weather = WEATHER_TOOL in toy_chat.tool_names(tools)
+        if offers_weather and not tool_messages and self.knobs.tool_call_rate < 1.0:
+            offers_weather = self._draw() < self.knobs.tool_call_rate
         if offers_weather and len(tool_messages) < self.knobs.tool_turns:
             call = {
                 "id": f"call_{len(tool_messages)}",
@@ -221,6 +258,12 @@ class ScriptedPolicy:
         question = toy_chat.content_text(users[-1].get("content")) if users else ""
         text = next((t for s, t in self.answers if s in question), DEFAULT_ANSWER)
         return {"role": "assistant", "content": text}
+
+    def _draw(self) -> float:
+        """The next draw of the knobs' seeded generator (a new one when the knobs changed)."""
+        if self._sampling[0] is not self.knobs:
+            self._sampling = (self.knobs, random.Random(self.knobs.seed))
+        return self._sampling[1].random()
 
     # handlers --------------------------------------------------------------------------------
     async def _record(self, request: web.Request) -> CallRecord:
@@ -289,6 +332,12 @@ class ScriptedPolicy:
         return self._answer(record, reply)
 
     async def _apply_faults(self, record: CallRecord) -> web.Response | None:
+        if self._resumed is not None and not self._resumed.is_set():
+            try:  # paused (POST /pause): wait for /resume, within the hold bound
+                await asyncio.wait_for(self._resumed.wait(), self.knobs.hold_limit)
+            except TimeoutError:
+                error = {"error": {"message": "paused past the hold limit", "code": 503}}
+                return self._answer(record, error, 503)
         knobs = self.knobs
         if knobs.match is not None and knobs.match not in json.dumps(record.body):
             return None
@@ -320,8 +369,28 @@ class ScriptedPolicy:
 
     async def _models(self, request: web.Request) -> web.Response:
         record = await self._record(request)
-        reply = {"object": "list", "data": [{"id": MODEL_NAME, "object": "model"}]}
-        return self._answer(record, reply)
+        model = {"id": MODEL_NAME, "object": "model", "max_model_len": self.max_model_len}
+        return self._answer(record, {"object": "list", "data": [model]})
+
+    async def _world_size(self, request: web.Request) -> web.Response:
+        return self._answer(await self._record(request), {"world_size": 1})
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        reply = {"vllm_config": {"model_config": {"dtype": "torch.float32"}}}
+        return self._answer(await self._record(request), reply)
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        if self._resumed is None:
+            self._resumed = asyncio.Event()
+        self._resumed.clear()
+        return self._answer(await self._record(request), {})
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        self._unpause()
+        return self._answer(await self._record(request), {})
+
+    async def _acknowledge(self, request: web.Request) -> web.Response:
+        return self._answer(await self._record(request), {})
 
     async def _health(self, request: web.Request) -> web.Response:
         record = await self._record(request)

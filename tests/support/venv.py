@@ -137,10 +137,12 @@ def _last_line(log: Path) -> str:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path, timeout: float, log: Path | None = None) -> Iterator[None]:
+def file_lock(
+    path: Path, timeout: float, log: Path | None = None, what: str = "the NeMo Gym venv"
+) -> Iterator[None]:
     """An exclusive fcntl.flock on `path`, waiting at most `timeout` seconds (NemoGymError
     after that). While waiting, a line on stderr every PROGRESS_EVERY s (with the last line of
-    the other build's `log`)."""
+    the other build's `log`); `what` names what the other process is building."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as handle:
         started = time.monotonic()
@@ -154,12 +156,12 @@ def _file_lock(path: Path, timeout: float, log: Path | None = None) -> Iterator[
                 if waited > timeout:
                     raise NemoGymError(
                         f"timed out after {timeout:.0f} s waiting for {path} "
-                        "(another process is building the NeMo Gym venv)"
+                        f"(another process is building {what})"
                     ) from None
                 if time.monotonic() >= next_report:
                     last = f": {_last_line(log)}" if log and log.exists() else ""
                     print(
-                        f"waiting for {path} (another process is building the NeMo Gym venv), "
+                        f"waiting for {path} (another process is building {what}), "
                         f"{waited:.0f} s so far{last}",
                         file=sys.stderr,
                     )
@@ -218,7 +220,7 @@ def ensure_venv(
     venv = Path(venv_dir).absolute()
 
     log = venv.with_name(venv.name + ".install.log")
-    with _file_lock(venv.with_name(venv.name + ".lock"), lock_timeout, log):
+    with file_lock(venv.with_name(venv.name + ".lock"), lock_timeout, log):
         if venv_is_complete(venv):  # built by another process while we waited
             return venv
         _build_venv(venv, choice, wanted.version, packages, import_check, build_timeout)
@@ -280,11 +282,18 @@ def _announce(
     )
 
 
-def _run_step(
-    step: list[str], out: Any, log: Path, env: dict[str, str], started: float, deadline: float
+def run_step(
+    step: list[str],
+    out: Any,
+    log: Path,
+    env: dict[str, str],
+    started: float,
+    deadline: float,
+    what: str = "the NeMo Gym venv",
 ) -> int:
-    """Run one build command with its output in `log`; print elapsed seconds and pip's last
-    log line every PROGRESS_EVERY s. Kills it and raises NemoGymError past `deadline`."""
+    """Run one build command of `what` with its output in `log`; print elapsed seconds and
+    pip's last log line every PROGRESS_EVERY s. Kills it and raises NemoGymError past
+    `deadline`."""
     out.write(f"$ {' '.join(step)}\n")
     out.flush()
     proc = subprocess.Popen(step, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -297,7 +306,7 @@ def _run_step(
                 proc.kill()
                 proc.wait(timeout=30)
                 raise NemoGymError(
-                    f"building the NeMo Gym venv took over {elapsed:.0f} s ({' '.join(step)} "
+                    f"building {what} took over {elapsed:.0f} s ({' '.join(step)} "
                     f"killed); log {log}:\n{tail(log)}"
                 ) from None
             print(f"  {elapsed:4.0f} s  {_last_line(log)}", file=sys.stderr)
@@ -332,7 +341,7 @@ def _build_venv(
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install"]
             steps.append([*pip, *flags, *packages])
         for step in steps:
-            code = _run_step(step, out, log, env, started, deadline)
+            code = run_step(step, out, log, env, started, deadline)
             if code != 0:
                 raise NemoGymError(
                     f"building the NeMo Gym venv failed ({' '.join(step)} exited {code}); "

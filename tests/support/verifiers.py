@@ -9,6 +9,7 @@ import aiohttp
 
 from nemo_gym_grpc.bridge.config import BridgeConfig
 from nemo_gym_grpc.bridge.metrics import Metrics
+from nemo_gym_grpc.bridge.nemo_gym import http
 from nemo_gym_grpc.bridge.upstreams import Upstreams
 from nemo_gym_grpc.bridge.verifier import Verifier
 
@@ -24,4 +25,4 @@ def verifier_for(upstreams: Upstreams, session: aiohttp.ClientSession, **setting
         session_servers=config.session_servers,
         metrics=Metrics(),
     )
-    return Verifier(upstreams, session, **(defaults | settings))
+    return Verifier(upstreams, http.Client(session), **(defaults | settings))

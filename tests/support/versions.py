@@ -109,7 +109,9 @@ def python_version(executable: str) -> tuple[int, int, int] | None:
     return int(match.group(1)), int(match.group(2)), int(match.group(3))
 
 
-def _pyenv_candidates(minor: int) -> list[str]:
+def pyenv_candidates(minor: int) -> list[str]:
+    """The `bin/python` of pyenv's versions 3.<minor> and 3.<minor>.N ($PYENV_ROOT, else
+    ~/.pyenv), newest first; nothing is run."""
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
 
     def key(path: Path) -> tuple[int, ...]:
@@ -146,7 +148,7 @@ def choose_python(version: str | None = None) -> PythonChoice:
     fallback: PythonChoice | None = None
     for minor in spec(version).minors:
         on_path = shutil.which(f"python3.{minor}")
-        for candidate in ([on_path] if on_path else []) + _pyenv_candidates(minor):
+        for candidate in ([on_path] if on_path else []) + pyenv_candidates(minor):
             tried.append(candidate)
             found = python_version(candidate)
             if found is None or found[:2] != (3, minor):

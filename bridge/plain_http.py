@@ -1,0 +1,376 @@
+"""A small HTTP/1.1 client for the bridge's POSTs to plain-HTTP (`http://`) upstreams, on
+httptools (llhttp, the parser of aiohttp's C extension and of uvicorn); aiohttp stays for
+`https://` upstreams and every other call (probes, discovery, capabilities).
+
+Why it exists (issue 22, docs/performance.md): per request it spends a fraction of aiohttp's
+CPU, and a cancelled request is closed at once, which NeMo Gym 0.7 turns into a cancelled
+handler upstream. What it does, and nothing more: `POST` of a body of bytes with a fixed
+header set, one request at a time per connection (no pipelining), a keep-alive pool per
+host:port with no size limit (the bridge's slots bound the calls), Content-Length, chunked and
+close-delimited replies, gzip / deflate reply bodies (decoded as aiohttp does), 1xx replies
+skipped. No redirects, no
+cookie jar, no proxies, no TLS.
+
+Errors say what reached the upstream: `ConnectFailed` (nothing was sent: refused or
+unreachable), `Dropped` (the request was written, at least in part,
+then the connection closed or broke before the whole reply came), `BadReply` (the reply is not
+HTTP/1.1 the parser accepts), `TimeoutError` (the request's whole time passed). A request whose
+task is cancelled, or that times out or fails, closes its connection; only a connection whose
+reply was read whole and that both sides keep alive goes back to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+import httptools
+
+# Seconds an idle connection is kept (NeMo Gym's uvicorn closes them after 30 s; reusing one
+# just as the server closes it costs a failed attempt).
+KEEPALIVE_TIMEOUT = 15.0
+# Most bytes of a reply's status line and headers (aiohttp's limit per line is 8,190).
+MAX_HEAD_BYTES = 65536
+
+
+class ConnectFailed(ConnectionError):
+    """The connection could not be made (refused, unreachable): nothing of the request was
+    sent. (A connect that runs out of the request's time is a TimeoutError, as in aiohttp.)"""
+
+
+class Dropped(ConnectionError):
+    """The request was sent (at least in part), then the connection closed or broke before the
+    whole reply arrived: the upstream may have acted on it."""
+
+
+class BadReply(ValueError):
+    """The reply could not be read as HTTP/1.1 (llhttp refused it, or its head is over
+    MAX_HEAD_BYTES, or its body does not decode): the request was sent."""
+
+
+@dataclass(slots=True)
+class Response:
+    """A whole reply: HTTP status, body (decoded when it was gzip / deflate), the values of
+    its `Set-Cookie` headers, in order, and of the headers its client keeps (`Client(keep=)`,
+    by lowercase name; the last one wins)."""
+
+    status: int
+    body: bytes
+    set_cookies: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+
+
+@lru_cache(maxsize=1024)
+def split_url(url: str) -> tuple[str, int, bytes, bytes]:
+    """(host, port, request target, Host header value) of an `http://` URL.
+
+    Raises:
+        ValueError: not an http:// URL with a host.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"not a plain-HTTP URL: {url!r}")
+    port = parts.port or 80
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host = parts.hostname
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{port}"
+    return host, port, target.encode("ascii"), netloc.encode("idna")
+
+
+def request_head(
+    target: bytes, host: bytes, headers: Iterable[tuple[str, str]], size: int
+) -> bytes:
+    """The head of a `POST` of `size` body bytes with `headers` (name, value).
+
+    Raises:
+        ValueError: a header name or value holds CR, LF or NUL (header injection).
+    """
+    lines = [b"POST ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n"]
+    for name, value in headers:
+        if _unsafe(value) or _unsafe(name) or ":" in name:
+            raise ValueError(f"header {name!r} holds CR, LF or NUL, or its name a colon")
+        lines += [name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
+    lines += [b"Content-Length: ", str(size).encode(), b"\r\n\r\n"]
+    return b"".join(lines)
+
+
+def _unsafe(text: str) -> bool:
+    return "\r" in text or "\n" in text or "\0" in text
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection and the reply being read on it (httptools' callbacks)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, keep: frozenset[bytes]) -> None:
+        self._loop = loop
+        self._keep = keep
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[Response] | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._status = 0
+        self._body: list[bytes] = []
+        self._cookies: list[str] = []
+        self._kept: dict[str, str] = {}
+        self._framed = False  # Content-Length or chunked: the end is not the connection's
+        self._encoding = b""
+        self._head_bytes = 0
+        self._headers_done = False
+        self.reusable = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(BadReply(f"bad HTTP reply: {exc}"))
+            return
+        if not self._headers_done:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(BadReply(f"reply head over {MAX_HEAD_BYTES} bytes"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.transport = None
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        if self._headers_done and not self._framed and self._status:
+            self._complete(keep_alive=False)  # a close-delimited body ends here
+            return
+        cause = f": {exc}" if exc else ""
+        waiter.set_exception(Dropped(f"connection closed before the whole reply came{cause}"))
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.waiter is None or self.waiter.done():  # nothing was asked: not ours to keep
+            self._fail(BadReply("the upstream sent a reply nobody asked for"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lowered = name.lower()
+        if lowered == b"set-cookie":
+            self._cookies.append(value.decode("latin-1"))
+        elif lowered == b"content-length" or (
+            lowered == b"transfer-encoding" and b"chunked" in value.lower()
+        ):
+            self._framed = True
+        elif lowered == b"content-encoding":
+            self._encoding = value.lower()
+        elif lowered in self._keep:
+            self._kept[lowered.decode("latin-1")] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        self._headers_done = True
+        if status < 200 or status in (204, 304):  # no body follows these
+            self._framed = True
+        self._status = status
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if 100 <= self._status < 200:  # an interim reply (103 Early Hints): the real one follows
+            self._reset()
+            return
+        self._complete(self._parser.should_keep_alive())
+
+    # the request side
+    def _complete(self, keep_alive: bool) -> None:
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        body = b"".join(self._body)
+        if self._encoding:
+            try:
+                body = _decoded(body, self._encoding)
+            except (zlib.error, BadReply) as exc:
+                self._fail(BadReply(f"reply body does not decode as {self._encoding!r}: {exc}"))
+                return
+        self.reusable = keep_alive
+        waiter.set_result(Response(self._status, body, self._cookies, self._kept))
+
+    def _fail(self, exc: Exception) -> None:
+        self.reusable = False
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+        self.abort()
+
+    def abort(self) -> None:
+        """Close the connection at once (RST when data is unread)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def send(self, head: bytes, body: bytes) -> asyncio.Future[Response]:
+        """Write one request; the future gets its whole reply."""
+        self._reset()
+        self.waiter = self._loop.create_future()
+        assert self.transport is not None
+        self.transport.writelines((head, body))
+        return self.waiter
+
+    def timed_out(self) -> None:
+        self._fail(TimeoutError())
+
+
+def _decoded(body: bytes, encoding: bytes) -> bytes:
+    """A reply body decoded as aiohttp decodes it: gzip, deflate (zlib-wrapped, or raw when its
+    first byte is no zlib header); an empty body or another encoding as it came, except the
+    two aiohttp refuses without extra packages (br, zstd). A cut gzip body gives what it
+    holds; a cut deflate body is refused.
+
+    Raises:
+        zlib.error: the body does not decode; BadReply: br or zstd.
+    """
+    if not body:
+        return body
+    if encoding in (b"br", b"zstd"):
+        raise BadReply("br and zstd bodies are not decoded")
+    if encoding == b"gzip":
+        wbits = 16 + zlib.MAX_WBITS
+    elif encoding == b"deflate":
+        wbits = zlib.MAX_WBITS if body[0] & 0xF == 8 else -zlib.MAX_WBITS
+    else:
+        return body
+    decoder = zlib.decompressobj(wbits)
+    out = decoder.decompress(body) + decoder.flush()
+    if encoding == b"deflate" and not decoder.eof:
+        raise zlib.error("the deflate stream is cut short")
+    return out
+
+
+class Client:
+    """POSTs over kept-alive HTTP/1.1 connections, one pool per host:port (see the module).
+
+    Args:
+        keepalive_timeout: seconds an idle connection is kept.
+        keep: names of the reply headers (besides Set-Cookie) each `Response.kept` holds.
+    """
+
+    def __init__(
+        self, keepalive_timeout: float = KEEPALIVE_TIMEOUT, keep: Iterable[str] = ()
+    ) -> None:
+        self._keepalive = keepalive_timeout
+        self._keep = frozenset(name.lower().encode("latin-1") for name in keep)
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._busy: set[_Connection] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self.connections_made = 0
+
+    async def post(
+        self, url: str, body: bytes, headers: Iterable[tuple[str, str]], timeout: float
+    ) -> Response:
+        """`POST url` with `body` and `headers` (Host and Content-Length are added), its whole
+        reply within `timeout` seconds (> 0; connecting included).
+
+        Raises:
+            ValueError: `url` is not http://, or a header holds CR, LF or NUL.
+            ConnectFailed, Dropped, BadReply, TimeoutError: see the module docstring.
+        """
+        host, port, target, host_header = split_url(url)
+        head = request_head(target, host_header, headers, len(body))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        connection = self._take(host, port, loop.time())
+        if connection is None:
+            connection = await self._connect(loop, host, port, deadline)
+        self._busy.add(connection)
+        timer = loop.call_at(deadline, connection.timed_out)
+        try:
+            response = await connection.send(head, body)
+        except BaseException:  # cancelled, timed out or failed: the request ends here
+            connection.abort()
+            raise
+        finally:
+            timer.cancel()
+            self._busy.discard(connection)
+        if connection.reusable and not connection.closed:
+            self._put(host, port, connection, loop)
+        else:
+            connection.abort()
+        return response
+
+    def _take(self, host: str, port: int, now: float) -> _Connection | None:
+        idle = self._idle.get((host, port))
+        while idle:
+            connection = idle.pop()
+            if not connection.closed and now - connection.idle_since < self._keepalive:
+                return connection
+            connection.abort()
+        return None
+
+    def _put(
+        self, host: str, port: int, connection: _Connection, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        connection.idle_since = loop.time()
+        connection.waiter = None
+        self._idle.setdefault((host, port), []).append(connection)
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self._keepalive, self._sweep, loop)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close the connections idle for keepalive_timeout seconds (every so often)."""
+        self._sweeper = None
+        now = loop.time()
+        for key, idle in list(self._idle.items()):
+            keep = [c for c in idle if not c.closed and now - c.idle_since < self._keepalive]
+            for connection in idle:
+                if connection not in keep:
+                    connection.abort()
+            if keep:
+                self._idle[key] = keep
+            else:
+                del self._idle[key]
+        if self._idle:
+            self._sweeper = loop.call_later(self._keepalive / 2, self._sweep, loop)
+
+    async def _connect(
+        self, loop: asyncio.AbstractEventLoop, host: str, port: int, deadline: float
+    ) -> _Connection:
+        connection = _Connection(loop, self._keep)
+        connecting = loop.create_connection(lambda: connection, host, port)
+        try:
+            if sys.version_info >= (3, 11):  # a timer, not wait_for's task per connection
+                async with asyncio.timeout_at(deadline):
+                    await connecting
+            else:
+                await asyncio.wait_for(connecting, max(deadline - loop.time(), 0.0))
+        except (asyncio.TimeoutError, TimeoutError):
+            raise TimeoutError(f"connect to {host}:{port} timed out") from None
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to {host}:{port}: {exc}") from exc
+        self.connections_made += 1
+        return connection
+
+    def idle_connections(self) -> int:
+        """Connections in the pool now, waiting for a request."""
+        return sum(len(idle) for idle in self._idle.values())
+
+    async def close(self) -> None:
+        """Close every connection, idle and busy (the busy requests fail with `Dropped`)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.abort()
+        self._idle.clear()
+        for connection in list(self._busy):
+            connection.abort()
+        await asyncio.sleep(0)  # let the transports run connection_lost

@@ -1,0 +1,111 @@
+"""The stream machinery (`bridge.streams`) on its own, with scripted answers (fast tier): every
+item read gets exactly one result whatever order the answers finish in, results finishing
+while a message is being sent go out in the next one, at most `max_stream_items` items are
+held at once, and a duplicate request_id is refused alone. The real services over real gRPC
+and NeMo Gym: test_bridge.py, test_faults.py, test_run_service.py."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+from nemo_gym_grpc.bridge import errors, streams
+from nemo_gym_grpc.bridge.service import VerifyService
+from nemo_gym_grpc.v1 import verify_pb2
+
+
+class Scripted:
+    """Answers each item after a random pause; counts the items answering at once."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.running = 0
+        self.peak = 0
+
+    async def answer(self, request: verify_pb2.VerifyRequest, deadline: float | None):
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            await asyncio.sleep(self.rng.random() / 100)
+        finally:
+            self.running -= 1
+        return verify_pb2.VerifyResponse(request_id=request.request_id, reward=1.0)
+
+
+def kind(scripted: Scripted, max_stream_items: int = 4096) -> streams.Kind:
+    """VerifyStream's kind (`VerifyService`), with the scripted answers in place of a
+    Verifier's."""
+    verifier = SimpleNamespace(
+        verify=scripted.answer,
+        failed=lambda request, error: verify_pb2.VerifyResponse(
+            request_id=request.request_id, error=error.to_status()
+        ),
+    )
+    service = VerifyService(
+        verifier,  # type: ignore[arg-type]
+        max_stream_items=max_stream_items,
+        max_batch_items=max_stream_items,
+    )
+    return service._kind
+
+
+async def messages(
+    ids: list[str], per_message: int
+) -> AsyncIterator[verify_pb2.VerifyStreamRequest]:
+    for start in range(0, len(ids), per_message):
+        yield verify_pb2.VerifyStreamRequest(
+            items=[
+                verify_pb2.VerifyRequest(request_id=i, resources_server="s")
+                for i in ids[start : start + per_message]
+            ]
+        )
+        await asyncio.sleep(0.005)  # the next message comes while results are going out
+
+
+async def run(stream: streams._Stream, ids: list[str], per_message: int) -> list[list]:
+    """The messages the stream sends for `ids`; fails if it has not ended within 30 s."""
+
+    async def send() -> list[list]:
+        reader = asyncio.create_task(stream.read(messages(ids, per_message)))
+        sent = []
+        async for message in stream.results():
+            sent.append(list(message.results))
+            await asyncio.sleep(0)  # sending takes a turn: results finish meanwhile
+        await reader
+        return sent
+
+    return await asyncio.wait_for(send(), 30)
+
+
+async def test_every_item_gets_exactly_one_result_in_fewer_messages_than_items() -> None:
+    for seed in range(5):
+        ids = [f"item-{seed}-{i}" for i in range(300)]
+        stream = streams._Stream(kind(Scripted(seed)), None)
+        sent = await run(stream, ids, per_message=37)
+        got = Counter(r.request_id for message in sent for r in message)
+        assert got == Counter(ids)
+        assert len(sent) < len(ids)  # results that finish together share a message
+        assert (stream.accepted, stream.sent, stream.failed) == (300, 300, 0)
+
+
+async def test_at_most_max_stream_items_are_held_at_once() -> None:
+    scripted = Scripted(1)
+    stream = streams._Stream(kind(scripted, max_stream_items=8), None)
+    sent = await run(stream, [f"i{n}" for n in range(100)], per_message=8)
+    assert sum(len(m) for m in sent) == 100
+    assert scripted.peak <= 8
+
+
+async def test_a_duplicate_request_id_in_flight_is_refused_alone() -> None:
+    stream = streams._Stream(kind(Scripted(2)), None)
+    sent = await run(stream, ["a", "b", "a", "c"], per_message=4)
+    results = [r for message in sent for r in message]
+    assert Counter(r.request_id for r in results) == Counter(["a", "a", "b", "c"])
+    refused = [r for r in results if r.HasField("error")]
+    assert len(refused) == 1 and refused[0].request_id == "a"
+    assert "already in flight" in refused[0].error.message
+    assert stream.failed == 1
+    assert errors.INVALID_ITEM in str(refused[0].error.details)
