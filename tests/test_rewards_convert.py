@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nemo_gym_grpc.bridge.contract import MiB
 from nemo_gym_grpc.rewards import (
     ScoringError,
     create_nemo_gym_reward_fn,
@@ -17,7 +18,6 @@ from nemo_gym_grpc.rewards import (
     reward_nemo_gym_verify,
 )
 from nemo_gym_grpc.rewards.client import (
-    channels,
     convert,
     outcomes,
     policy,
@@ -293,7 +293,7 @@ def test_items_go_in_messages_of_at_most_64():
 
 
 def test_big_items_close_a_message_early_and_a_huge_one_travels_alone():
-    big = "x" * (10 * channels.MiB)
+    big = "x" * (10 * MiB)
     items = [verify_pb2.VerifyRequest(request_id=str(i), completion=big) for i in range(3)]
     assert [len(chunk) for chunk in resend.chunks(items)] == [1, 1, 1]
 

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from tests.support.errors import NemoGymError
-from tests.support.venv import MARKER_NAME, _file_lock
+from tests.support.venv import MARKER_NAME, file_lock
 
 REPO = Path(__file__).resolve().parents[2]
 # nemo-gym-grpc's dependencies that NeMo Gym 0.7.0's venv lacks (pyproject.toml's own ranges).
@@ -40,7 +40,7 @@ def deps_dir(venv: Path) -> Path:
     target = venv.with_name(venv.name + ".grpc-deps")
     if (target / MARKER_NAME).is_file():
         return target
-    with _file_lock(target.with_name(target.name + ".lock"), 600.0):
+    with file_lock(target.with_name(target.name + ".lock"), 600.0):
         if not (target / MARKER_NAME).is_file():
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps"]
             out = subprocess.run(
