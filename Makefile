@@ -41,7 +41,7 @@ dev: $(DEV) $(VERL)
 $(DEV): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]' --group test-trl
+	$(PY) -m pip install -q -e '.[dev,ray]' --group test-trl
 	touch $@
 
 # tests/test_verl.py runs verl 0.9.1 in a venv of its own (pyproject group test-verl, torch

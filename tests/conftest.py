@@ -36,6 +36,7 @@ from tests.support import (
     ensure_venv,
 )
 from tests.support import start_bridge as _start_bridge
+from tests.support.listeners import stray_sockets
 from tests.support.venv import forbid_nemo_gym
 from tests.support.versions import selected_version, version_tuple
 
@@ -163,6 +164,17 @@ def start_bridge() -> Iterator[Callable[..., BridgeProcess]]:
     yield factory
     for bridge in started:
         bridge.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _network_rule() -> Iterator[None]:
+    """After each test module (the session's stacks still up): no process of this test run has
+    a socket beyond loopback in the machine's network namespace (tests/support/listeners.py);
+    what runs in namespaces a test made (tests/support/hosts.py) is not listed there."""
+    yield
+    stray = stray_sockets()
+    if stray:
+        pytest.fail("sockets beyond loopback: " + "; ".join(map(str, stray)), pytrace=False)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -32,6 +32,7 @@ from tests.support import (
 )
 from tests.support import venv as support_venv
 from tests.support.items import mcqa_row
+from tests.support.listeners import stray_sockets
 
 pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
 
@@ -182,8 +183,11 @@ def test_stop_leaves_no_process_of_the_stack_behind(nemo_gym_venv):
         assert http.get(f"{url}/", timeout=5).json() == {"status": "ok"}
         running = gym.processes()
         commands = " ".join(p.cmdline for p in running)
-        assert "gcs_server" in commands and "raylet" in commands  # Ray runs inside the group
         assert "app.py" in commands
+        # ng_run runs without Ray (tests/support/no_ray), so nothing binds beyond loopback
+        assert "gcs_server" not in commands and "raylet" not in commands
+        assert "initialize_ray: skipped" in gym.log_path.read_text()
+        assert stray_sockets({p.pid for p in running}) == []
         workdir = gym.workdir
     assert gym.startup_seconds and gym.startup_seconds < gym.startup_timeout
     assert gym.returncode == 0  # SIGINT reached ng_run, which shut down its servers itself

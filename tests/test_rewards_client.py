@@ -34,7 +34,7 @@ from nemo_gym_grpc.rewards import (
     reward_nemo_gym_verify,
     reward_nemo_gym_verify_async,
 )
-from nemo_gym_grpc.rewards.client import channels, embedded, outcomes, settings, stream
+from nemo_gym_grpc.rewards.client import channels, embedded, outcomes, resend, settings, stream
 from nemo_gym_grpc.rewards.client.stream import Route
 from nemo_gym_grpc.rewards.tools import batches, scorefile
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
@@ -189,15 +189,21 @@ def test_results_that_do_not_match_the_items_raise(scripted, mode, match, asynch
         _call(target, mode, 5, asynchronous)
 
 
-def test_a_stream_failing_as_a_whole_fails_every_unanswered_item_with_its_cause(
+def test_a_broken_stream_is_sent_again_then_what_is_left_fails_with_its_cause(
     scripted, caplog, asynchronous
 ):
-    target, _ = scripted
+    # each stream answers half of its items, then ends UNAVAILABLE: 6 -> 3 left, sent again
+    # -> 2 left, sent again -> 1 left after the third and last stream, failed with the cause
+    target, servicer = scripted
+    before = servicer.streams.get("abort", 0)
     with caplog.at_level(logging.WARNING, logger="nemo_gym_grpc.rewards"):
         rewards = _call(target, "abort", 6, asynchronous)
-    assert rewards == [0.0, 1.0, 2.0, None, None, None]
-    assert "3 of 6 items failed" in caplog.text
-    assert "UNAVAILABLE (BRIDGE_DRAINING) x3" in caplog.text
+    assert servicer.streams["abort"] - before == resend.MAX_STREAMS == 3
+    assert rewards == [0.0, 1.0, 2.0, 3.0, 4.0, None]
+    assert "its 3 unanswered items go out again (stream 2 of 3)" in caplog.text
+    assert "its 2 unanswered items go out again (stream 3 of 3)" in caplog.text
+    assert "1 of 6 items failed" in caplog.text
+    assert "UNAVAILABLE (BRIDGE_DRAINING) x1" in caplog.text
 
 
 def test_the_batch_deadline_ends_a_stalled_stream(scripted, caplog, asynchronous):

@@ -10,13 +10,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nemo_gym_grpc.bridge.contract import MiB
 from nemo_gym_grpc.rewards import (
     ScoringError,
     create_nemo_gym_reward_fn,
     reward_env,
     reward_nemo_gym_verify,
 )
-from nemo_gym_grpc.rewards.client import convert, outcomes, policy, settings, stream
+from nemo_gym_grpc.rewards.client import (
+    convert,
+    outcomes,
+    policy,
+    resend,
+    settings,
+)
 from nemo_gym_grpc.rewards.trl import logs
 from nemo_gym_grpc.v1 import verify_pb2
 from tests.support import closed_port
@@ -280,15 +287,15 @@ def test_any_text_gives_each_item_exactly_one_outcome(texts):
 
 def test_items_go_in_messages_of_at_most_64():
     items = [verify_pb2.VerifyRequest(request_id=str(i)) for i in range(130)]
-    sizes = [len(chunk) for chunk in stream.chunks(items)]
+    sizes = [len(chunk) for chunk in resend.chunks(items)]
     assert sizes == [64, 64, 2]
-    assert list(stream.chunks([])) == []
+    assert list(resend.chunks([])) == []
 
 
 def test_big_items_close_a_message_early_and_a_huge_one_travels_alone():
-    big = "x" * (10 * stream.MiB)
+    big = "x" * (10 * MiB)
     items = [verify_pb2.VerifyRequest(request_id=str(i), completion=big) for i in range(3)]
-    assert [len(chunk) for chunk in stream.chunks(items)] == [1, 1, 1]
+    assert [len(chunk) for chunk in resend.chunks(items)] == [1, 1, 1]
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 - `settings`: every `NEMO_GYM_*` environment variable the trainer side reads.
 - `channels`: gRPC channels to the bridge (credentials, options, the per-process cache).
+- `ray_target`: the target `ray:` (the Ray cluster's bridges, this node's first).
 - `per_process`: what a forked child must not share, and gRPC's fork support.
 - `outcomes`: what one item came to (`Failure`, `Outcome`, `RunOutcome`), the client's reasons.
 - `stream`: the one call path: where a call goes (`Route`: configured target or embedded

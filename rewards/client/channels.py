@@ -6,6 +6,11 @@ addresses spreads calls over all of them and skips those that refuse connections
 (`ipv4:10.0.0.1:50051,10.0.0.2:50051`) or a DNS name with several records
 (`dns:///bridge.ns.svc.cluster.local:50051`, e.g. a Kubernetes headless Service). One call
 (one batch's `VerifyStream` or `RunStream`) goes to one bridge; successive calls rotate.
+The target `ray:` (`ray_target.py`) is resolved to the Ray cluster's bridges, own node first.
+A sync call (`shared`) goes on the own bridge's channel while that answers, else on a
+`pick_first` channel over all of them (the first that accepts connections); an async call's
+channel is always such a `pick_first` one, its own. So a call (and each stream of it, when one
+breaks) goes to the own bridge when it answers and to the next live one when it does not.
 
 Sync calls share one channel per target (and TLS files) per process (`shared`); a forked child
 sets its parent's aside and makes its own (gRPC state does not survive fork). A `grpc.aio`
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 import grpc
 
 from nemo_gym_grpc.bridge.contract import MAX_MESSAGE_BYTES
+from nemo_gym_grpc.rewards.client import ray_target
 from nemo_gym_grpc.rewards.client.per_process import PerProcess
 from nemo_gym_grpc.v1 import rollout_pb2_grpc, verify_pb2_grpc
 
@@ -34,6 +40,8 @@ CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_reconnect_backoff_ms", 5000),
     ("grpc.service_config", ROUND_ROBIN),
 ]
+# For `ray:`: the first address that connects (the node's own bridge while it is up).
+PICK_FIRST_OPTIONS = [*CHANNEL_OPTIONS[:-1], ("grpc.service_config", ray_target.PICK_FIRST)]
 
 
 @dataclass(frozen=True)
@@ -113,31 +121,50 @@ class Channel:
 
 
 def aio_channel(target: str, security: Security = PLAINTEXT) -> grpc.aio.Channel:
-    """A new `grpc.aio` channel on the running event loop, with `security`'s credentials."""
+    """A new `grpc.aio` channel on the running event loop, with `security`'s credentials; for
+    `ray:`, a PICK_FIRST_OPTIONS one over `ray_target.resolve`'s bridges, own node first."""
+    options = CHANNEL_OPTIONS
+    if ray_target.is_ray(target):
+        target, options = ray_target.resolve(target), PICK_FIRST_OPTIONS
     credentials = security.credentials()
     if credentials is None:
-        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-    return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, credentials, options=options)
 
 
-_shared: PerProcess[tuple[str, bytes | None, bytes | None, bytes | None], Channel] = PerProcess()
+_Key = tuple[str, tuple[tuple[str, int | str], ...], bytes | None, bytes | None, bytes | None]
+_shared: PerProcess[_Key, Channel] = PerProcess()
+HOME_PROBE_SECONDS = 0.1  # most a sync `ray:` call waits for the own bridge's channel
 
 
 def shared(target: str, security: Security = PLAINTEXT) -> Channel:
     """The process's sync `Channel` for `target` with these TLS files, made on first use.
 
-    Thread-safe; one per (target, CA, client certificate, client key); the token is not part
-    of the key (it travels per call).
+    Thread-safe; one per (target, options, CA, client certificate, client key); the token is
+    not part of the key (it travels per call). For `ray:` (`ray_target.resolve`): the own node's
+    bridge's channel when it is READY now or within HOME_PROBE_SECONDS, else the PICK_FIRST
+    channel over every bridge, own first (a sync channel on `pick_first` would stay on a
+    fallback while its connection holds; this way a call goes home as soon as home answers).
     """
-    key = (target, security.ca, security.client_cert, security.client_key)
+    if not ray_target.is_ray(target):
+        return _cached(target, CHANNEL_OPTIONS, security)
+    bridges = ray_target.resolve(target)
+    home = _cached(ray_target.home(bridges), CHANNEL_OPTIONS, security)
+    if home.is_ready() or home.wait_ready(HOME_PROBE_SECONDS):
+        return home
+    return _cached(bridges, PICK_FIRST_OPTIONS, security)
+
+
+def _cached(target: str, options: list[tuple[str, int | str]], security: Security) -> Channel:
+    key = (target, tuple(options), security.ca, security.client_cert, security.client_key)
     with _shared.lock:
         channel = _shared.entries.get(key)
         if channel is None:
             credentials = security.credentials()
             if credentials is None:
-                raw = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+                raw = grpc.insecure_channel(target, options=options)
             else:
-                raw = grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+                raw = grpc.secure_channel(target, credentials, options=options)
             channel = _shared.entries[key] = Channel(
                 raw,
                 verify_pb2_grpc.VerifyServiceStub(raw),

@@ -41,7 +41,7 @@ from typing import Any
 
 import grpc
 
-from nemo_gym_grpc.rewards.client import channels, stream
+from nemo_gym_grpc.rewards.client import channels, resend, stream
 from nemo_gym_grpc.rewards.client.outcomes import Failure, ProtocolError, RunOutcome
 from nemo_gym_grpc.rewards.client.stream import Route
 from nemo_gym_grpc.v1 import rollout_pb2
@@ -114,7 +114,7 @@ class LiveCall:
         for request in requests:
             if request.request_id in self.call.outcomes:
                 self._on_result(request.request_id, self.call.take(request.request_id))
-        for chunk in stream.chunks(sendable):
+        for chunk in resend.chunks(sendable):
             if self.ended:
                 break
             try:

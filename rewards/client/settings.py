@@ -6,8 +6,9 @@ explicit keyword (`create_nemo_gym_reward_fn(...)`) or flag (`score --...`) wins
 variable (`resolve`); unset or empty means the default.
 
 - `NEMO_GYM_GRPC_TARGET` (unset): gRPC target of a running bridge ("host:port", or several
-  bridges: "ipv4:HOST:PORT,HOST:PORT" / "dns:///NAME:PORT", balanced round robin); unset =
-  start an embedded bridge on first use (`embedded.py`).
+  bridges: "ipv4:HOST:PORT,HOST:PORT" / "dns:///NAME:PORT", balanced round robin), or "ray:"
+  (the bridges of the Ray cluster this process belongs to, its node's first: `ray_target.py`);
+  unset = start an embedded bridge on first use (`embedded.py`).
 - `NEMO_GYM_GRPC_CA` (unset): path of a PEM CA bundle; set = connect to the target with TLS,
   trusting that CA.
 - `NEMO_GYM_GRPC_CLIENT_CERT`, `NEMO_GYM_GRPC_CLIENT_KEY` (unset): paths of a PEM client

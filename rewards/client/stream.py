@@ -7,10 +7,10 @@ Every adapter sends through a `Route`: the reward functions, the rollouts, the v
 OpenRLHF adapters and `score` resolve one (`Route.resolve`) and send each batch with `send` or
 `asend`; the AsyncGRPOTrainer worker's long-lived feed (`live.py`) opens its calls on one too.
 `Call` (the books of one call) is the same for both RPCs (`VERIFY`, `RUN`), both faces and the
-feed. `send` drives it over grpcio on the process's shared channel
-(`channels.shared`); `asend` over grpc.aio on a channel of its own, closed before it returns,
-so it can be awaited from any event loop in any thread, one call after another or at the same
-time (a loopback handshake, about a millisecond, per call).
+feed. `send` drives it over grpcio on the process's shared channel (`channels.shared`); `asend`
+over grpc.aio on a channel of its own per stream, closed before it returns, so it can be awaited
+from any event loop in any thread, one call after another or at once (a loopback handshake, ~1
+ms, per call). Both resend what a broken stream left unanswered on a new stream (`resend.py`).
 """
 
 from __future__ import annotations
@@ -25,31 +25,20 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import grpc
 from google.rpc import status_pb2
 
-from nemo_gym_grpc.bridge.contract import MAX_MESSAGE_BYTES, MiB
+from nemo_gym_grpc.bridge.contract import MAX_MESSAGE_BYTES
 from nemo_gym_grpc.bridge.errors import ITEM_TOO_LARGE
-from nemo_gym_grpc.rewards.client import channels, embedded, settings
+from nemo_gym_grpc.rewards.client import channels, embedded, resend, settings
 from nemo_gym_grpc.rewards.client.channels import Security
 from nemo_gym_grpc.rewards.client.outcomes import Failure, ProtocolError
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc, verify_pb2, verify_pb2_grpc
 
 # Room for a stream message's own framing around its items.
 MAX_ITEM_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
-ITEMS_PER_MESSAGE = 64
-# A message is closed early once its items reach this size (a big message only adds latency).
-BYTES_PER_MESSAGE = 16 * MiB
-
-
-class _Item(Protocol):
-    """A VerifyRequest or RunRequest: what `Call` reads of an item."""
-
-    @property
-    def request_id(self) -> str: ...
-
-    def ByteSize(self) -> int: ...  # noqa: N802 (protobuf's name)
 
 
 class _Result(Protocol):
-    """A VerifyResponse or RunResponse: what `Call` reads of a result."""
+    """A VerifyResponse or RunResponse: what `Call` reads of a result (of an item:
+    `resend.Item`)."""
 
     @property
     def request_id(self) -> str: ...
@@ -60,7 +49,7 @@ class _Result(Protocol):
     def HasField(self, field_name: Literal["error"]) -> bool: ...  # noqa: N802 (protobuf's name)
 
 
-Req = TypeVar("Req", bound=_Item)
+Req = TypeVar("Req", bound=resend.Item)
 Res = TypeVar("Res", bound=_Result)
 Msg = TypeVar("Msg")
 
@@ -74,12 +63,15 @@ class Rpc(Generic[Req, Res, Msg]):
         message: one stream request message from a chunk of items.
         sync_method: the stub's stream-stream method on a shared `channels.Channel`.
         aio_method: the same on a `grpc.aio.Channel`.
+        resend_taken: whether a broken stream's unanswered items are all sent again, or only
+            those gRPC had not taken (`resend.Streams`).
     """
 
     name: str
     message: Callable[[list[Req]], Msg]
     sync_method: Callable[[channels.Channel], Callable[..., Any]]
     aio_method: Callable[[grpc.aio.Channel], Callable[..., Any]]
+    resend_taken: bool
 
 
 VERIFY: Rpc[verify_pb2.VerifyRequest, verify_pb2.VerifyResponse, verify_pb2.VerifyStreamRequest]
@@ -88,6 +80,7 @@ VERIFY = Rpc(
     lambda items: verify_pb2.VerifyStreamRequest(items=items),
     lambda channel: channel.stub.VerifyStream,
     lambda channel: verify_pb2_grpc.VerifyServiceStub(channel).VerifyStream,
+    resend_taken=True,
 )
 RUN: Rpc[rollout_pb2.RunRequest, rollout_pb2.RunResponse, rollout_pb2.RunStreamRequest]
 RUN = Rpc(
@@ -95,23 +88,8 @@ RUN = Rpc(
     lambda items: rollout_pb2.RunStreamRequest(items=items),
     lambda channel: channel.rollouts.RunStream,
     lambda channel: rollout_pb2_grpc.RolloutServiceStub(channel).RunStream,
+    resend_taken=False,  # a rollout is sent again only where its /run cannot have started
 )
-
-
-def chunks(items: Sequence[Req]) -> Iterator[list[Req]]:
-    """`items` in chunks (one stream message each) of at most ITEMS_PER_MESSAGE items and,
-    unless a single item is bigger, at most BYTES_PER_MESSAGE bytes."""
-    chunk: list[Req] = []
-    size = 0
-    for item in items:
-        item_size = item.ByteSize()
-        if chunk and (len(chunk) == ITEMS_PER_MESSAGE or size + item_size > BYTES_PER_MESSAGE):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(item)
-        size += item_size
-    if chunk:
-        yield chunk
 
 
 class _Cancellable(Protocol):
@@ -124,15 +102,15 @@ class Call(Generic[Req, Res, Msg]):
     """One streaming call and its bookkeeping, the same for both RPCs and both faces (`send`,
     `asend`): one outcome per request, by request_id.
 
-    Items are sent in messages of at most 64 (`chunks`). Per-item errors become `Failure`s. If
-    the call fails as a whole (deadline, bridge gone, no connection, token refused), every
-    item without a result gets that call's `Failure` (`whole_call`). An item bigger than the
-    message limit fails alone (INVALID_ARGUMENT / ITEM_TOO_LARGE) without being sent.
-
-    `__init__` books the items (`add`; a long-lived call, `live.py`, books more as they come
-    and `take`s each outcome as it arrives), `start` gives the messages and the time left,
-    `on_message` records results, `reading` the call's own failure (`on_no_connection`: no
-    connection at all), `finish` returns every outcome.
+    Items go in messages of at most 64; a broken stream's unanswered items go out again on a
+    new one (`resend.py`). Per-item errors become `Failure`s. If the call fails as a whole
+    (deadline, bridge gone for good, no connection, token refused), every item without a
+    result gets that call's `Failure` (`whole_call`). An item bigger than the message limit
+    fails alone (INVALID_ARGUMENT / ITEM_TOO_LARGE) without being sent. `__init__` books the
+    items (`add`; a long-lived call, `live.py`, books more as they come and `take`s each
+    outcome as it arrives), `start` gives a stream's messages and the time left, `on_message`
+    records results, `reading` the stream's own failure (`on_no_connection`: no connection),
+    `resend` decides on another stream, `finish` returns every outcome.
 
     Args:
         rpc: `VERIFY` (outcomes: `VerifyResponse` or `Failure`) or `RUN` (`RunResponse`, its
@@ -169,6 +147,7 @@ class Call(Generic[Req, Res, Msg]):
         self.failure: Failure | None = None
         self.sent: set[str] = set()
         self.sendable = self.add(requests)
+        self.streams = resend.Streams(self.sendable, rpc.resend_taken)
 
     def add(self, requests: Sequence[Req]) -> list[Req]:
         """Book `requests`; those to send are returned (the others fail: ITEM_TOO_LARGE)."""
@@ -193,10 +172,13 @@ class Call(Generic[Req, Res, Msg]):
         self.sent.discard(request_id)
         return self.outcomes.pop(request_id)
 
+    def left(self) -> float:
+        """Seconds left until the call's deadline (0 when past)."""
+        return max(self.deadline - time.monotonic(), 0.0)
+
     def start(self) -> tuple[Iterator[Msg], float]:
-        """The messages to send and the seconds left for the call."""
-        messages = map(self.rpc.message, chunks(self.sendable))
-        return messages, max(self.deadline - time.monotonic(), 0.0)
+        """The current stream's messages and the seconds left for the call."""
+        return self.streams.messages(self.rpc.message), self.left()
 
     def on_message(self, results: Iterable[Res]) -> None:
         """Record a message's results. Raises ProtocolError for an unknown or repeated id."""
@@ -231,6 +213,18 @@ class Call(Generic[Req, Res, Msg]):
             f"no connection to the bridge at {self.target} within {self.connect_wait:g} s",
         )
 
+    def resend(self) -> bool:
+        """After a stream: True if its unanswered items go on another (`resend.py`), else False."""
+        unanswered = [i for i in self.streams.pending if i.request_id not in self.outcomes]
+        where = f"{self.rpc.name} to {self.target}"
+        again, kept = self.streams.after_break(self.failure, unanswered, self.left(), where)
+        if self.failure is None or not again:
+            return False
+        lost = replace(self.failure, whole_call=True)  # those that may have started stay failed
+        self.outcomes.update(dict.fromkeys([i.request_id for i in kept], lost))
+        self.failure = None
+        return True
+
     def finish(self) -> dict[str, Res | Failure]:
         """{request_id: outcome} for every request; the items without a result get the call's
         failure, marked `whole_call`.
@@ -260,18 +254,20 @@ def send(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
     """
     if not call.sendable:
         return call.finish()
-    channel = channels.shared(call.target, call.security)
-    if not channel.wait_ready(call.connect_wait):
-        call.on_no_connection()
-        return call.finish()
-    messages, left = call.start()
-    responses = call.rpc.sync_method(channel)(
-        messages, timeout=left, metadata=call.metadata, wait_for_ready=True
-    )
-    with call.reading(responses):
-        for message in responses:
-            call.on_message(message.results)
-    return call.finish()
+    while True:  # each stream on the channel `shared` gives now (`ray:`: it may change)
+        channel = channels.shared(call.target, call.security)
+        if not channel.wait_ready(min(call.connect_wait, call.left())):
+            call.on_no_connection()
+            return call.finish()
+        messages, left = call.start()
+        responses = call.rpc.sync_method(channel)(
+            messages, timeout=left, metadata=call.metadata, wait_for_ready=True
+        )
+        with call.reading(responses):
+            for message in responses:
+                call.on_message(message.results)
+        if not call.resend():
+            return call.finish()
 
 
 async def asend(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
@@ -280,20 +276,22 @@ async def asend(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
     the bridge cancels its items' `/verify` or `/run` requests)."""
     if not call.sendable:
         return call.finish()
-    async with channels.aio_channel(call.target, call.security) as channel:
-        try:
-            await asyncio.wait_for(channel.channel_ready(), call.connect_wait)
-        except asyncio.TimeoutError:
-            call.on_no_connection()
+    while True:  # each stream on a channel of its own
+        async with channels.aio_channel(call.target, call.security) as channel:
+            try:
+                await asyncio.wait_for(channel.channel_ready(), min(call.connect_wait, call.left()))
+            except asyncio.TimeoutError:
+                call.on_no_connection()
+                return call.finish()
+            messages, left = call.start()
+            responses = call.rpc.aio_method(channel)(
+                messages, timeout=left, metadata=call.metadata, wait_for_ready=True
+            )
+            with call.reading(responses):
+                async for message in responses:
+                    call.on_message(message.results)
+        if not call.resend():
             return call.finish()
-        messages, left = call.start()
-        responses = call.rpc.aio_method(channel)(
-            messages, timeout=left, metadata=call.metadata, wait_for_ready=True
-        )
-        with call.reading(responses):
-            async for message in responses:
-                call.on_message(message.results)
-        return call.finish()
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,15 @@
-"""NeMo Gym's own launcher (`ng_run`: Ray, the head server, resources servers) on loopback.
+"""NeMo Gym's own launcher (`ng_run`: the head server, resources servers) on loopback, without
+Ray; or inside a network namespace of the test's own (tests/support/hosts.py), with or without.
 
     with NemoGymServers(("mcqa",), version="0.4.0") as gym:   # version None: env, else 0.7.0
         gym.head_url, gym.server_urls["mcqa"], gym.version
+
+No Ray on loopback: ng_run starts a local Ray cluster, and Ray binds the machine's external
+interface whatever address it is given. So ng_run and its servers run with
+tests/support/no_ray on PYTHONPATH, which makes NeMo Gym's `initialize_ray` a no-op (none of
+the servers the tests run uses Ray for its work). With `netns=` the stack runs inside that
+namespace, bound to `host` (an address there); `ray=True` (only with `netns`) keeps NeMo
+Gym's own Ray, which then binds that namespace's addresses only.
 
 Launch differences handled here: on 0.7 the head server's /readyz (503 until every server and
 model endpoint is up) is awaited besides every server's `/`, and a config with model servers
@@ -42,6 +50,7 @@ DEFAULT_SERVERS = (
     "example_tool_call_multireward",
 )
 NG_RUN_LOG_GRACE = 10.0  # seconds to wait for ng_run's own "servers ready" line
+NO_RAY = Path(__file__).with_name("no_ray")  # its sitecustomize makes initialize_ray a no-op
 
 
 def stock_server_config(server: str, venv: Path | None = None) -> dict[str, Any]:
@@ -92,15 +101,19 @@ def offline_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 class NemoGymServers:
     """NeMo Gym's own launcher (`ng_run`) running the given resources servers on loopback.
 
-    ng_run starts a local Ray cluster, the head server and one process per resources server; all
-    of them stay in one new process group/session led by ng_run (pid recorded), which `stop()`
-    ends (SIGINT, then SIGKILL). Use as a context manager or call start()/stop().
+    ng_run starts the head server and one process per resources server (and, with `ray`, a
+    local Ray cluster); all of them stay in one new process group/session led by ng_run (pid
+    recorded), which `stop()` ends (SIGINT, then SIGKILL). Use as a context manager or call
+    start()/stop(). `host` is the address every server binds; `netns` a network namespace to
+    run in (then only ng_run's own log says when the servers are ready: they cannot be reached
+    from here); `ray` keeps NeMo Gym's Ray (ValueError without `netns`); `extra_env` is laid
+    over ng_run's environment.
 
     `version` picks the NeMo Gym (ensure_venv(version=...); None: env NEMO_GYM_VERSION, else
     0.7.0) unless `venv` is given; after start() `version` is the venv's NeMo Gym version.
     `config_overrides` {server: {key: value}} update a server's block. `extra_config` adds
     top-level ng_run blocks {instance: {server_type: {type_name: block}}} (e.g. a model server,
-    or a second instance of a resources server): each gets host 127.0.0.1, a free port unless
+    or a second instance of a resources server): each gets `host`, a free port unless
     it sets one, entrypoint app.py unless set, a resources server its stock block underneath,
     and its URL in `server_urls[instance]`.
     """
@@ -116,7 +129,15 @@ class NemoGymServers:
         config_overrides: Mapping[str, Mapping[str, Any]] | None = None,
         keep_workdir: bool | None = None,
         extra_config: Mapping[str, Mapping[str, Any]] | None = None,
+        host: str = "127.0.0.1",
+        netns: str | None = None,
+        ray: bool = False,
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
+        if ray and not netns:
+            raise ValueError("NeMo Gym's Ray binds the machine's external interface: use netns=")
+        self.host, self.netns, self.ray = host, netns, ray
+        self.extra_env = dict(extra_env or {})
         self.servers = tuple(servers)
         if not self.servers or len(set(self.servers)) != len(self.servers):
             raise ValueError(f"need distinct server names, got {self.servers}")
@@ -165,7 +186,7 @@ class NemoGymServers:
             block = stock_server_config(name, venv)
             block.update(entrypoint=block.get("entrypoint") or "app.py")
             block.setdefault("domain", "other")  # required for resources servers
-            block.update(host="127.0.0.1", port=ports[name], verified=False)
+            block.update(host=self.host, port=ports[name], verified=False)
             block.update(self.config_overrides.get(name, {}))
             config[name] = {"resources_servers": {name: block}}
         for instance, (kind, type_name, given) in self._extra_blocks().items():
@@ -174,12 +195,12 @@ class NemoGymServers:
             if kind == "resources_servers":
                 block.setdefault("domain", "other")
                 block.update(verified=False)
-            block.update(host="127.0.0.1", port=ports[instance])
+            block.update(host=self.host, port=ports[instance])
             block.update(given)
             config[instance] = {kind: {type_name: block}}
         if self.extra_config and has_readiness_endpoints(self.version):
             config["model_endpoint_readiness_timeout_seconds"] = 0
-        config["head_server"] = {"host": "127.0.0.1", "port": head_port}
+        config["head_server"] = {"host": self.host, "port": head_port}
         return config
 
     def _extra_blocks(self) -> dict[str, tuple[str, str, dict[str, Any]]]:
@@ -231,11 +252,16 @@ class NemoGymServers:
         env = offline_env()
         env["RAY_TMPDIR"] = str(self.workdir / "ray")  # this stack's own Ray session files
         env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        if not self.ray:
+            env["PYTHONPATH"] = str(NO_RAY)
+        env.update(self.extra_env)
         command = [
             str(venv / "bin" / "ng_run"),
             f"+config_paths=[{self.config_path}]",
             "+skip_venv_if_present=true",
         ]
+        if self.netns:
+            command = ["ip", "netns", "exec", self.netns, *command]
         self.log_path = self.workdir / "ng_run.log"
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         started = time.monotonic()
@@ -251,8 +277,8 @@ class NemoGymServers:
         )
         self.pid = self._proc.pid
         procs.live.add(self)
-        self.head_url = f"http://127.0.0.1:{head_port}"
-        self.server_urls = {n: f"http://127.0.0.1:{p}" for n, p in server_ports.items()}
+        self.head_url = f"http://{self.host}:{head_port}"
+        self.server_urls = {n: f"http://{self.host}:{p}" for n, p in server_ports.items()}
         try:
             self._wait_ready(started)
         except BaseException:
@@ -281,8 +307,8 @@ class NemoGymServers:
         From 0.7 on, the head's /readyz must also answer 200 (503 while servers start)."""
         proc = self._proc
         assert proc is not None, "start() sets it"
-        pending = {"head": self.head_url, **self.server_urls}
-        if has_readiness_endpoints(self.version):
+        pending = {} if self.netns else {"head": self.head_url, **self.server_urls}
+        if has_readiness_endpoints(self.version) and not self.netns:
             pending["head /readyz"] = f"{self.head_url}/readyz"
         deadline = started + self.startup_timeout
         http_ready_at: float | None = None
@@ -305,7 +331,7 @@ class NemoGymServers:
                     http_ready_at = http_ready_at or time.monotonic()
                     if self._ng_run_reports_ready():
                         return
-                    if time.monotonic() > http_ready_at + NG_RUN_LOG_GRACE:
+                    if time.monotonic() > http_ready_at + NG_RUN_LOG_GRACE and not self.netns:
                         return  # all servers answer; ng_run's wording may differ
                 if time.monotonic() > deadline:
                     raise NemoGymError(

@@ -1,0 +1,218 @@
+"""The Ray actors of a bridge fleet: `BridgeActor` (one per node) and `Registry` (one).
+
+`BridgeActor` runs `python -m nemo_gym_grpc.bridge serve` as a child process (a new process
+group) on `<node address>:<port>`, with `--workers` = the CPUs the actor holds (at least 1),
+`--exit-with-parent` and the caller's serve flags. A thread of the actor starts the child with
+the parent-death signal SIGKILL (Linux `prctl(PR_SET_PDEATHSIG)`, tied to that thread, which
+lives as long as the actor), waits on it and ends the actor process when the child exits, so
+the actor and its bridge live and die together and Ray's `max_restarts` restarts both. The
+child's output goes to the actor's stderr (Ray's worker log, rotated by Ray); a bridge that
+does not start fails the actor's creation with its last lines. Before
+it starts a child, an actor SIGKILLs the process group of the bridge an earlier incarnation
+left on its node and port (its pid file is under the system temp folder; a `--workers` bridge's
+workers outlive a SIGKILLed parent by up to a second), so the port is free again.
+
+`Registry` holds {node id: the bridge's entry} (`BridgeActor.entry`); every bridge writes its
+entry when it serves and again every REREGISTER_SECONDS, so a restarted registry is whole
+again within that time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from nemo_gym_grpc.bridge.server import read_ready_file
+
+REREGISTER_SECONDS = 10.0
+OUTPUT_LINES = 40  # lines of the bridge's output kept for the message when it fails to start
+_PR_SET_PDEATHSIG = 1
+
+
+class Registry:
+    """{node id: entry} of the fleet's bridges (run as a named, detached Ray actor)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, dict[str, Any]] = {}
+
+    def register(self, node_id: str, entry: dict[str, Any]) -> None:
+        """Record (or replace) the bridge entry of `node_id`."""
+        self.entries[node_id] = entry
+
+    def forget(self, node_id: str) -> None:
+        """Drop `node_id`'s entry (its bridge was stopped)."""
+        self.entries.pop(node_id, None)
+
+    def table(self) -> dict[str, dict[str, Any]]:
+        """Every entry, by node id."""
+        return dict(self.entries)
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL this child when the thread that started it ends (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _is_bridge(pid: int) -> bool:
+    try:
+        return b"nemo_gym_grpc.bridge" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+class BridgeActor:
+    """One node's bridge (module docstring). Raises RuntimeError from __init__ when the bridge
+    does not serve within `startup_timeout` s or exits first (its output quoted)."""
+
+    def __init__(
+        self,
+        serve_args: list[str],
+        port: int,
+        workers: int,
+        registry: str,
+        namespace: str,
+        startup_timeout: float = 120.0,
+    ) -> None:
+        context = ray.get_runtime_context()
+        self.node_id = context.get_node_id()
+        self.address: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        self.target = f"{self.address}:{port}"
+        self.registry = (registry, namespace)
+        self.restarted = context.was_current_actor_reconstructed
+        self.workdir = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_bridge_actor_"))
+        self.pidfile = Path(tempfile.gettempdir()) / f"nemo_gym_grpc-{self.node_id[:16]}-{port}.pid"
+        self.command = [sys.executable, "-m", "nemo_gym_grpc.bridge", "serve"]
+        self.command += ["--listen", self.target, "--workers", str(workers)]
+        self.command += ["--ready-file", str(self.workdir / "ready"), "--exit-with-parent"]
+        self.command += list(serve_args)
+        self.child: subprocess.Popen[bytes] | None = None
+        self.serving_since: float | None = None  # Unix time the bridge served
+        self.output: deque[str] = deque(maxlen=OUTPUT_LINES)
+        self.stopping = False
+        self._started = threading.Event()
+        self._take_over()
+        threading.Thread(target=self._supervise, name="bridge-child", daemon=True).start()
+        self._started.wait()
+        if self.child is None:
+            raise RuntimeError(f"could not start {' '.join(self.command)}: {self.output[-1]}")
+        self._wait_ready(startup_timeout)
+        self.serving_since = time.time()
+        self._register()
+
+    def _take_over(self) -> None:
+        """SIGKILL the process group of the bridge an earlier incarnation left here."""
+        with contextlib.suppress(OSError, ValueError):
+            old = int(self.pidfile.read_text())
+            if _is_bridge(old):
+                os.killpg(old, signal.SIGKILL)
+                deadline = time.monotonic() + 10
+                while _is_bridge(old) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+    def _supervise(self) -> None:
+        """Start the child, then wait on it; when it exits (and no stop was asked), end the
+        actor process so Ray restarts actor and bridge."""
+        try:
+            self.child = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            self.output.append(str(exc))
+            return
+        finally:
+            self._started.set()
+        self.pidfile.write_text(str(self.child.pid))
+        threading.Thread(target=self._relay, name="bridge-output", daemon=True).start()
+        while True:
+            try:
+                code = self.child.wait(timeout=REREGISTER_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(Exception):
+                    self._register(wait=False)
+        if not self.stopping:
+            print(f"nemo-gym-grpc bridge {self.child.pid} exited with {code}: actor exits")
+            sys.stdout.flush()
+            os._exit(1)
+
+    def _relay(self) -> None:
+        """The child's output, line by line, to this actor's stderr (Ray's worker log, which
+        Ray rotates), its last OUTPUT_LINES lines kept for error messages."""
+        assert self.child is not None and self.child.stdout is not None
+        for raw in self.child.stdout:
+            line = raw.decode(errors="replace")
+            self.output.append(line.rstrip("\n"))
+            sys.stderr.write(line)
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.child is not None, "_supervise set it"
+        deadline = time.monotonic() + timeout
+        while read_ready_file(self.workdir / "ready") is None:
+            if self.child.poll() is not None or time.monotonic() > deadline:
+                self.stopping = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.child.pid, signal.SIGKILL)
+                output = "\n".join(self.output)
+                raise RuntimeError(
+                    f"bridge on {self.target} did not serve ({' '.join(self.command)}):\n{output}"
+                )
+            time.sleep(0.05)
+
+    def entry(self) -> dict[str, Any]:
+        """{node_id, address, target ("host:port"), pid (the bridge's), actor_pid,
+        restarted (this incarnation is a Ray restart), serving_since (Unix time, seconds)}."""
+        return {
+            "node_id": self.node_id,
+            "address": self.address,
+            "target": self.target,
+            "pid": self.child.pid if self.child else None,
+            "actor_pid": os.getpid(),
+            "restarted": self.restarted,
+            "serving_since": self.serving_since,
+        }
+
+    def _register(self, wait: bool = True) -> None:
+        registry = ray.get_actor(self.registry[0], namespace=self.registry[1])
+        ref: Any = registry.register.remote(self.node_id, self.entry())
+        if wait:
+            ray.get(ref, timeout=60)
+
+    def stop(self, grace: float) -> int | None:
+        """Drain the bridge (SIGTERM: NOT_SERVING, in-flight calls get its --grace), wait up to
+        `grace` s, then SIGKILL its group. Returns its exit status."""
+        self.stopping = True
+        child = self.child
+        if child is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGTERM)
+        try:
+            child.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=10)
+        with contextlib.suppress(OSError):
+            self.pidfile.unlink()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        return child.returncode
