@@ -3,7 +3,7 @@
 A scripted in-process VerifyService (tests/support/scripted_bridge.py) plays a bridge that
 breaks the VerifyStream contract (unknown or duplicate request_ids, unanswered items), fails
 the whole stream, stalls, or answers out of order. These cases cannot be produced with the
-real bridge; everything the real bridge does is tested against it in test_rewards.py. Each
+real bridge; everything the real bridge does is tested against it in test_rewards*.py. Each
 case runs through the sync reward function (grpcio) and its async form (grpc.aio). Also here:
 no bridge at all, and embedded bridges that cannot start (real subprocesses).
 """
