@@ -37,6 +37,7 @@ from tests.support import (
 )
 from tests.support import start_bridge as _start_bridge
 from tests.support.listeners import stray_sockets
+from tests.support.reward_rows import axolotl_loader_rows
 from tests.support.venv import forbid_nemo_gym
 from tests.support.versions import selected_version, version_tuple
 
@@ -190,3 +191,31 @@ def stub(bridge: BridgeProcess) -> Iterator[verify_pb2_grpc.VerifyServiceStub]:
     options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
     with grpc.insecure_channel(bridge.target, options=options) as channel:
         yield verify_pb2_grpc.VerifyServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def loader_rows(nemo_gym_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The reward-function tests' dataset rows (tests/support/reward_rows.py), per module."""
+    return axolotl_loader_rows(nemo_gym_venv, lambda: tmp_path_factory.mktemp("rows"))
+
+
+@pytest.fixture
+def via_target(monkeypatch: pytest.MonkeyPatch, bridge_target: str) -> str:
+    """reward_nemo_gym_verify uses the session's bridge (NEMO_GYM_GRPC_TARGET)."""
+    # imported here, not at the top: the trainer-side client sets GRPC_ENABLE_FORK_SUPPORT as
+    # it loads (rewards/client/per_process.py), which only the tests that use it should see
+    from nemo_gym_grpc.rewards.client import settings
+
+    monkeypatch.setenv(settings.TARGET_ENV, bridge_target)
+    return bridge_target
+
+
+@pytest.fixture
+def zero_config(monkeypatch: pytest.MonkeyPatch, nemo_gym: NemoGymServers) -> Iterator[None]:
+    """No target: the reward functions start embedded bridges; stopped after the test."""
+    from nemo_gym_grpc.rewards.client import embedded, settings  # as in via_target
+
+    monkeypatch.delenv(settings.TARGET_ENV, raising=False)
+    monkeypatch.setenv(settings.HEAD_URL_ENV, nemo_gym.head_url)
+    yield
+    embedded.stop_all()

@@ -24,9 +24,9 @@ from tests.support import (
     ensure_venv,
     example_rows,
     group_processes,
+    ng_run,
     procs,
     selected_version,
-    stack,
     venv_version,
     versions,
 )
@@ -329,7 +329,7 @@ def test_free_ports_are_distinct_and_bindable():
 
 
 def test_offline_env_never_lets_uv_download_python():
-    env = stack.offline_env({"RAY_ADDRESS": "x:1", "PATH": os.defpath})
+    env = ng_run.offline_env({"RAY_ADDRESS": "x:1", "PATH": os.defpath})
     assert env["UV_PYTHON_DOWNLOADS"] == "never"
     assert "RAY_ADDRESS" not in env and env["RAY_USAGE_STATS_ENABLED"] == "0"
 

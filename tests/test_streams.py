@@ -2,7 +2,7 @@
 item read gets exactly one result whatever order the answers finish in, results finishing
 while a message is being sent go out in the next one, at most `max_stream_items` items are
 held at once, and a duplicate request_id is refused alone. The real services over real gRPC
-and NeMo Gym: test_bridge.py, test_faults.py, test_run_service.py."""
+and NeMo Gym: test_bridge.py, test_faults*.py, test_run_service.py."""
 
 from __future__ import annotations
 

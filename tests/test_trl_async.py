@@ -103,9 +103,7 @@ def test_async_grpo_trains_on_the_rollouts_as_they_finish(
     agent_stack, nemo_gym_venv, bridge, tmp_path, caplog
 ):
     import torch
-    from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer
 
-    from tests.support.cpu_async_grpo import on_cpu
     from tests.support.tiny_trl import tiny_llama
 
     policy = agent_stack.policy
@@ -118,37 +116,7 @@ def test_async_grpo_trains_on_the_rollouts_as_they_finish(
     tiny_llama(tokenizer).save_pretrained(model_dir)
     args = config(tmp_path, policy.url)
     worker = create_nemo_gym_rollout_worker(dataset, args, target=bridge.target, max_inflight=6)
-    pushed: dict[int, Any] = {}  # id(input_ids) -> the sample the worker pushed
-    put = worker.rollout_buffer.put_nowait
-
-    def recording_put(sample: Any) -> None:
-        pushed[id(sample.input_ids)] = sample
-        put(sample)
-
-    # Per batch collated: (steps logged before, its samples). The dataloader collates one batch
-    # ahead, and TRL's collator logs a batch's rewards when it collates it, so a step's log
-    # holds the batches collated since the previous log.
-    collated: list[tuple[int, list[Any]]] = []
-
-    class Recording(async_grpo_trainer.DataCollatorForRollout):
-        def torch_call(self, examples: list[Any]) -> dict[str, Any]:
-            (rows,) = examples
-            logged = sum("loss" in entry for entry in trainer.state.log_history)
-            samples = [pushed[id(s["input_ids"])] for row in rows for s in row.samples]
-            collated.append((logged, samples))
-            return super().torch_call(examples)
-
-    worker.rollout_buffer.put_nowait = recording_put  # type: ignore[method-assign]
-    with on_cpu(), mock.patch.object(async_grpo_trainer, "DataCollatorForRollout", Recording):
-        trainer = AsyncGRPOTrainer(
-            model=str(model_dir),
-            processing_class=tokenizer,
-            args=args,
-            train_dataset=dataset,
-            rollout_worker=worker,
-        )
-        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-        trainer.train()
+    trainer, before, collated = train_recording(worker, model_dir, tokenizer, args, dataset)
 
     steps = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(steps) == 4 and len(collated) >= 4
@@ -159,16 +127,7 @@ def test_async_grpo_trains_on_the_rollouts_as_they_finish(
         assert entry["reward"] == pytest.approx(sum(means) / len(means))  # what TRL logged
     trained = [samples for _, samples in collated[:4]]  # a 5th batch may be collated unused
     for samples in trained:
-        for sample in samples:
-            # the agent's reward: example_single_tool_call gives 1.0 iff get_weather was called
-            assert sample.metrics["reward"] == float(calls_tool(sample.completion))
-            assert user_text(sample.prompt) != masked_prompt  # never trained on
-            assert 1 <= sample.model_version <= trainer.model_version
-            mask = sample.completion_mask.tolist()
-            assert len(mask) == len(sample.input_ids) == len(sample.old_log_probs)
-            assert 1 in mask and all(
-                lp == 0.0 for lp, m in zip(sample.old_log_probs, mask, strict=True) if not m
-            )
+        check_samples(samples, masked_prompt, trainer.model_version)
     advantages = [s.advantage for samples in trained for s in samples]
     assert any(a != 0.0 for a in advantages)  # some group had both rewards
     assert any(not torch.equal(p, trainer.model.get_parameter(n)) for n, p in before.items())
@@ -191,6 +150,63 @@ def test_async_grpo_trains_on_the_rollouts_as_they_finish(
         assert paths.count(route) == syncs, route
     assert paths.count("/resume") == syncs
     worker.check_health(1.0)  # stopped cleanly: nothing to report
+
+
+def train_recording(
+    worker: Any, model_dir: Path, tokenizer: Any, args: Any, dataset: Any
+) -> tuple[Any, dict[str, Any], list[tuple[int, list[Any]]]]:
+    """Train an AsyncGRPOTrainer (on this CPU) on `worker`'s samples: (the trainer, its
+    parameters before training, per batch collated: (steps logged before, its samples))."""
+    from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer
+
+    from tests.support.cpu_async_grpo import on_cpu
+
+    pushed: dict[int, Any] = {}  # id(input_ids) -> the sample the worker pushed
+    put = worker.rollout_buffer.put_nowait
+
+    def recording_put(sample: Any) -> None:
+        pushed[id(sample.input_ids)] = sample
+        put(sample)
+
+    # The dataloader collates one batch ahead, and TRL's collator logs a batch's rewards when
+    # it collates it, so a step's log holds the batches collated since the previous log.
+    collated: list[tuple[int, list[Any]]] = []
+
+    class Recording(async_grpo_trainer.DataCollatorForRollout):
+        def torch_call(self, examples: list[Any]) -> dict[str, Any]:
+            (rows,) = examples
+            logged = sum("loss" in entry for entry in trainer.state.log_history)
+            samples = [pushed[id(s["input_ids"])] for row in rows for s in row.samples]
+            collated.append((logged, samples))
+            return super().torch_call(examples)
+
+    worker.rollout_buffer.put_nowait = recording_put
+    with on_cpu(), mock.patch.object(async_grpo_trainer, "DataCollatorForRollout", Recording):
+        trainer = AsyncGRPOTrainer(
+            model=str(model_dir),
+            processing_class=tokenizer,
+            args=args,
+            train_dataset=dataset,
+            rollout_worker=worker,
+        )
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+    return trainer, before, collated
+
+
+def check_samples(samples: list[Any], masked_prompt: str, model_version: int) -> None:
+    """Each trained sample: the agent's reward, not the masked row's, a model version
+    trained with, and a completion mask and log-probs that line up with its tokens."""
+    for sample in samples:
+        # the agent's reward: example_single_tool_call gives 1.0 iff get_weather was called
+        assert sample.metrics["reward"] == float(calls_tool(sample.completion))
+        assert user_text(sample.prompt) != masked_prompt  # never trained on
+        assert 1 <= sample.model_version <= model_version
+        mask = sample.completion_mask.tolist()
+        assert len(mask) == len(sample.input_ids) == len(sample.old_log_probs)
+        assert 1 in mask and all(
+            lp == 0.0 for lp, m in zip(sample.old_log_probs, mask, strict=True) if not m
+        )
 
 
 def test_a_slow_agent_holds_back_the_rollout_func_but_not_the_worker(

@@ -75,6 +75,30 @@ def spread(values: list[float], digits: int = 2) -> str:
 
 
 def main() -> int:
+    args = command_line().parse_args()
+    from tests.support import example_rows
+
+    items = clients.make_items(example_rows("mcqa"), args.items, scripted=True)
+    requests_ = clients.grpc_requests(items, "sbs")
+    names = [spec.split("=", 1)[0] for spec in args.bridge]
+    with procs.Upstream(0.0) as up:
+        envs = bridge_envs(names, args.env)
+        started = [
+            start(spec.split("=", 1)[1], up.url, envs[name])
+            for spec, name in zip(args.bridge, names, strict=True)
+        ]
+        try:
+            rounds = run_rounds(up.url, names, started, items, requests_, args)
+        finally:
+            for proc, _, _ in started:
+                procs.stop_pid(proc)
+    print_medians(rounds, names, args)
+    if args.out:
+        args.out.write_text(json.dumps(rounds, indent=1))
+    return 0
+
+
+def command_line() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bridge", action="append", required=True, help="NAME=PYTHON")
     parser.add_argument(
@@ -84,51 +108,61 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=12000)
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--out", type=Path, help="write every round as JSON here")
-    args = parser.parse_args()
-    from tests.support import example_rows
+    return parser
 
-    items = clients.make_items(example_rows("mcqa"), args.items, scripted=True)
-    requests_ = clients.grpc_requests(items, "sbs")
-    names = [spec.split("=", 1)[0] for spec in args.bridge]
+
+def bridge_envs(names: list[str], specs: list[str]) -> dict[str, dict[str, str]]:
+    """{bridge name: its added environment} from the NAME:KEY=VALUE `--env` values."""
+    envs: dict[str, dict[str, str]] = {name: {} for name in names}
+    for spec in specs:
+        name, assignment = spec.split(":", 1)
+        key, value = assignment.split("=", 1)
+        envs[name][key] = value
+    return envs
+
+
+def run_rounds(
+    upstream: str,
+    names: list[str],
+    started: list[tuple[subprocess.Popen[bytes], str, Path]],
+    items: list,
+    requests_: list,
+    args: argparse.Namespace,
+) -> list[dict[str, dict]]:
+    """A warm-up, then `args.rounds` rounds of each bridge and the direct fan-out, in an order
+    rotated by one each round; one row per round (and a line printed)."""
     rounds: list[dict[str, dict]] = []
-    with procs.Upstream(0.0) as up:
-        envs: dict[str, dict[str, str]] = {name: {} for name in names}
-        for spec in args.env:
-            name, assignment = spec.split(":", 1)
-            key, value = assignment.split("=", 1)
-            envs[name][key] = value
-        started = [
-            start(spec.split("=", 1)[1], up.url, envs[name])
-            for spec, name in zip(args.bridge, names, strict=True)
-        ]
-        try:
-            for (_, target, _), _name in zip(started, names, strict=True):  # warm-up
-                clients.stream_run(target, requests_[:2000], streams=args.streams)
-            clients.fanout(up.url + "/verify", items[:2000], 256)
-            order = [*names, "direct"]
-            for index in range(args.rounds):
-                shift = index % len(order)
-                row: dict[str, dict] = {}
-                for name in order[shift:] + order[:shift]:
-                    if name == "direct":
-                        row[name] = run_direct(up.url + "/verify", items)
-                    else:
-                        proc, target, _ = started[names.index(name)]
-                        row[name] = run_bridge(target, proc.pid, requests_, args.streams)
-                row["loadavg"] = {"1min": os.getloadavg()[0]}
-                rounds.append(row)
-                print(
-                    f"round {index + 1}: "
-                    + ", ".join(
-                        f"{n} {row[n]['cpu_us']:.0f} us/item {row[n]['items_per_s']:.0f}/s"
-                        for n in order
-                    )
-                    + f", load {row['loadavg']['1min']:.1f}",
-                    flush=True,
-                )
-        finally:
-            for proc, _, _ in started:
-                procs.stop_pid(proc)
+    for (_, target, _), _name in zip(started, names, strict=True):  # warm-up
+        clients.stream_run(target, requests_[:2000], streams=args.streams)
+    clients.fanout(upstream + "/verify", items[:2000], 256)
+    order = [*names, "direct"]
+    for index in range(args.rounds):
+        shift = index % len(order)
+        row: dict[str, dict] = {}
+        for name in order[shift:] + order[:shift]:
+            if name == "direct":
+                row[name] = run_direct(upstream + "/verify", items)
+            else:
+                proc, target, _ = started[names.index(name)]
+                row[name] = run_bridge(target, proc.pid, requests_, args.streams)
+        row["loadavg"] = {"1min": os.getloadavg()[0]}
+        rounds.append(row)
+        print(
+            f"round {index + 1}: "
+            + ", ".join(
+                f"{n} {row[n]['cpu_us']:.0f} us/item {row[n]['items_per_s']:.0f}/s" for n in order
+            )
+            + f", load {row['loadavg']['1min']:.1f}",
+            flush=True,
+        )
+    return rounds
+
+
+def print_medians(
+    rounds: list[dict[str, dict]], names: list[str], args: argparse.Namespace
+) -> None:
+    """Each bridge's and the fan-out's medians (min-max) over the rounds, with the ratios
+    taken within each round (bridge/direct CPU; the first bridge over each other one)."""
     base = names[0]
     print(f"\nmedians (min-max) over {args.rounds} rounds of {args.items} items:")
     for name in [*names, "direct"]:
@@ -143,9 +177,6 @@ def main() -> int:
             more = [r[name]["items_per_s"] / r[base]["items_per_s"] for r in rounds]
             line += f", {base}/{name} CPU {spread(less)}, {name}/{base} items/s {spread(more)}"
         print(line)
-    if args.out:
-        args.out.write_text(json.dumps(rounds, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import importlib.util
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from nemo_gym_grpc.rewards.client import settings
@@ -173,6 +173,23 @@ def create_nemo_gym_rollout_worker(
         TypeError: `rows` is a one-shot iterator.
         ImportError: TRL has no `trl.experimental.async_grpo` (TRL < 1.16).
     """
+    check_rows_and_trl(rows)
+    limits = group_limits(args, num_generations, max_inflight, max_staleness, min_group_size)
+    config = WorkerSettings(
+        **limits,
+        sampling=row_sampling(args, trainer_sampling),
+        queue_maxsize=args.queue_maxsize if queue_maxsize is None else queue_maxsize,
+        agent=agent,
+        row_column=row_column,
+        route=stream_route(target, stream_timeout),
+        run_timeout=seconds(run_timeout, "run_timeout", settings.run_timeout),
+    )
+    return NemoGymRolloutWorker(rows, config)
+
+
+def check_rows_and_trl(rows: Iterable[Mapping[str, Any]]) -> None:
+    """Raise ImportError when TRL has no `trl.experimental.async_grpo` (TRL < 1.16), else
+    TypeError when `rows` is a one-shot iterator."""
     try:  # found, not imported: importing it loads TRL's trainer (torch), seconds
         found = importlib.util.find_spec("trl.experimental.async_grpo") is not None
     except ImportError:
@@ -183,6 +200,22 @@ def create_nemo_gym_rollout_worker(
         )
     if iter(rows) is rows:
         raise TypeError("rows must be re-iterable (a Dataset or a list), not an iterator")
+
+
+def group_limits(
+    args: Any,
+    num_generations: int | None,
+    max_inflight: int | None,
+    max_staleness: int | None,
+    min_group_size: int,
+) -> dict[str, int]:
+    """The `WorkerSettings` fields num_generations, max_inflight, max_staleness and
+    min_group_size: each value given, else the one `args` (`AsyncGRPOConfig`) holds, as
+    `create_nemo_gym_rollout_worker` documents.
+
+    Raises:
+        ValueError: a value is out of range.
+    """
     staleness = args.max_staleness if max_staleness is None else max_staleness
     inflight = max_inflight or args.max_inflight_tasks
     if inflight is None or inflight < 0:  # TRL's rule for max_inflight_tasks=-1
@@ -195,26 +228,39 @@ def create_nemo_gym_rollout_worker(
             f"max_staleness ({staleness}) >= 0, min_group_size ({min_group_size}) within "
             "1..num_generations"
         )
+    return {
+        "num_generations": size,
+        "max_inflight": int(inflight),
+        "max_staleness": int(staleness),
+        "min_group_size": min_group_size,
+    }
+
+
+def row_sampling(args: Any, trainer_sampling: bool) -> dict[str, float] | None:
+    """`temperature` and `top_p` for every row's `responses_create_params`: `args.temperature`
+    and `args.top_p` (`AsyncGRPOConfig`), or None (rows keep theirs) without `trainer_sampling`.
+    """
     sampling = {"temperature": float(args.temperature), "top_p": float(args.top_p)}
-    config = WorkerSettings(
-        agent=agent,
-        num_generations=size,
-        max_inflight=int(inflight),
-        max_staleness=int(staleness),
-        min_group_size=min_group_size,
-        queue_maxsize=args.queue_maxsize if queue_maxsize is None else queue_maxsize,
-        row_column=row_column,
-        sampling=sampling if trainer_sampling else None,
-        route=Route.resolve(
-            target=target,
-            timeout=settings.resolve(
-                settings.optional(settings.check_seconds, stream_timeout, "stream_timeout"),
-                settings.rollout_batch_timeout,
-            ),
-        ),
-        run_timeout=settings.resolve(
-            settings.optional(settings.check_seconds, run_timeout, "run_timeout"),
-            settings.run_timeout,
-        ),
+    return sampling if trainer_sampling else None
+
+
+def stream_route(target: str | None, stream_timeout: float | None) -> Route:
+    """The route of the worker's RunStreams: `target` as `Route.resolve` takes it, with the
+    gRPC deadline `stream_timeout` (else `NEMO_GYM_GRPC_ROLLOUT_BATCH_TIMEOUT`).
+
+    Raises:
+        ValueError: `stream_timeout` is not a positive number of seconds; an env var is invalid.
+    """
+    return Route.resolve(
+        target=target,
+        timeout=seconds(stream_timeout, "stream_timeout", settings.rollout_batch_timeout),
     )
-    return NemoGymRolloutWorker(rows, config)
+
+
+def seconds(value: float | None, name: str, from_env: Callable[[], float]) -> float:
+    """`value` (the keyword `name`) checked as seconds when given, else `from_env()`.
+
+    Raises:
+        ValueError: `value` is not a positive number of seconds.
+    """
+    return settings.resolve(settings.optional(settings.check_seconds, value, name), from_env)

@@ -10,19 +10,21 @@
     with start_bridge("--head-url", gym.head_url) as bridge:   # bridge.py
         bridge.target           -> "127.0.0.1:PORT" of `python -m nemo_gym_grpc.bridge serve`
 
-Also here: procs.py (processes, ports), items.py (request builders shared by the tests),
-fault_proxy.py, prometheus_scrape.py, policy_model.py (the scripted policy upstream) and
-toy_chat.py (its tokenizer and chat template), grpo.py (GRPO advantages over the scored
-completions only: the axolotl tests' reference). Command line: `python -m tests.support --help`.
+Also here: ng_run.py (how stack.py launches ng_run), procs.py (processes, ports), items.py
+(request builders shared by the tests), fault_proxy.py, prometheus_scrape.py, policy_model.py
+(the scripted policy upstream), vllm_reply.py (its reply body) and toy_chat.py (its tokenizer
+and chat template), grpo.py (GRPO advantages over the scored completions only: the axolotl
+tests' reference). Command line: `python -m tests.support --help`.
 Linux/POSIX only (process groups, fcntl, /proc).
 """
 
 from tests.support.agents import AgentStack
 from tests.support.bridge import BridgeProcess, start_bridge
 from tests.support.errors import NemoGymError, NoSuitablePython
+from tests.support.ng_run import offline_env
 from tests.support.policy_model import CallRecord, Knobs, ScriptedPolicy
 from tests.support.procs import ProcInfo, closed_port, free_ports, group_processes
-from tests.support.stack import DEFAULT_SERVERS, NemoGymServers, offline_env
+from tests.support.stack import DEFAULT_SERVERS, NemoGymServers
 from tests.support.venv import (
     NEMO_GYM_VERSION,
     ensure_venv,

@@ -37,6 +37,31 @@ from tests.support.axolotl_venv import AXOLOTL_VERSION, ensure_axolotl
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; 0 on success, 1 (with the reason on stderr) if the venv or the
     servers are unavailable."""
+    args = command_line().parse_args(argv)
+    try:
+        if args.command == "ensure-axolotl":
+            started = time.monotonic()
+            python = ensure_axolotl()
+            print(f"{python} ready: axolotl {AXOLOTL_VERSION} ({time.monotonic() - started:.1f} s)")
+        elif args.command == "find-python":
+            print(find_python(args.version))
+        elif args.command == "ensure-venv":
+            started = time.monotonic()
+            venv = ensure_venv(version=args.version)
+            seconds = time.monotonic() - started
+            print(f"{venv} ready: nemo-gym {venv_version(venv)} ({seconds:.1f} s)")
+        elif args.command == "agents":
+            run_agents(args)
+        else:
+            run_servers(args)
+    except (NoSuitablePython, NemoGymError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def command_line() -> argparse.ArgumentParser:
+    """The command line (the module docstring)."""
     parser = argparse.ArgumentParser(
         prog="python -m tests.support",
         description="Run real NeMo Gym resources servers for the tests, the demo, benchmarks.",
@@ -56,53 +81,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     for command in (ensure, find, run, agents):
         command.add_argument("--version", choices=sorted(SPECS), default=None)
     run.add_argument("servers", nargs="*", default=list(DEFAULT_SERVERS))
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "ensure-axolotl":
-            started = time.monotonic()
-            python = ensure_axolotl()
-            print(f"{python} ready: axolotl {AXOLOTL_VERSION} ({time.monotonic() - started:.1f} s)")
-        elif args.command == "find-python":
-            print(find_python(args.version))
-        elif args.command == "ensure-venv":
-            started = time.monotonic()
-            venv = ensure_venv(version=args.version)
-            seconds = time.monotonic() - started
-            print(f"{venv} ready: nemo-gym {venv_version(venv)} ({seconds:.1f} s)")
-        elif args.command == "agents":
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, signal.default_int_handler)
-            with AgentStack(version=args.version) as stack:
-                stack.policy.knobs = Knobs(delay=args.policy_delay, tool_turns=args.tool_turns)
-                print(
-                    f"NeMo Gym {stack.version} agent stack: head {stack.head_url} (policy "
-                    f"{stack.policy.base_url}, pid {stack.policy.pid})"
-                )
-                for name, url in {**stack.agent_urls, **stack.environment_urls}.items():
-                    print(f"{name} {url}")
-                sys.stdout.flush()
-                with contextlib.suppress(KeyboardInterrupt):
-                    while stack.gym is not None and stack.gym.running():
-                        time.sleep(1)
-        else:
-            # Also when started in the background (`&` leaves SIGINT ignored) or by `kill`.
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, signal.default_int_handler)
-            with NemoGymServers(args.servers, version=args.version) as gym:
-                print(
-                    f"NeMo Gym {gym.version}: head {gym.head_url} (ng_run pid {gym.pid}, "
-                    f"up in {gym.startup_seconds} s)"
-                )
-                for name, url in gym.server_urls.items():
-                    print(f"{name} {url}")
-                sys.stdout.flush()
-                with contextlib.suppress(KeyboardInterrupt):
-                    while gym.running():
-                        time.sleep(1)
-    except (NoSuitablePython, NemoGymError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return parser
+
+
+def run_agents(args: argparse.Namespace) -> None:
+    """`agents`: start the agent stack, print its URLs, keep it until Ctrl-C or SIGTERM."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with AgentStack(version=args.version) as stack:
+        stack.policy.knobs = Knobs(delay=args.policy_delay, tool_turns=args.tool_turns)
+        print(
+            f"NeMo Gym {stack.version} agent stack: head {stack.head_url} (policy "
+            f"{stack.policy.base_url}, pid {stack.policy.pid})"
+        )
+        for name, url in {**stack.agent_urls, **stack.environment_urls}.items():
+            print(f"{name} {url}")
+        sys.stdout.flush()
+        with contextlib.suppress(KeyboardInterrupt):
+            while stack.gym is not None and stack.gym.running():
+                time.sleep(1)
+
+
+def run_servers(args: argparse.Namespace) -> None:
+    """`run`: start the resources servers, print their URLs, keep them until Ctrl-C or
+    SIGTERM."""
+    # Also when started in the background (`&` leaves SIGINT ignored) or by `kill`.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with NemoGymServers(args.servers, version=args.version) as gym:
+        print(
+            f"NeMo Gym {gym.version}: head {gym.head_url} (ng_run pid {gym.pid}, "
+            f"up in {gym.startup_seconds} s)"
+        )
+        for name, url in gym.server_urls.items():
+            print(f"{name} {url}")
+        sys.stdout.flush()
+        with contextlib.suppress(KeyboardInterrupt):
+            while gym.running():
+                time.sleep(1)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.support import toy_chat
+from tests.support import toy_chat, vllm_reply
 
 WEATHER_TOOL = "get_weather"
 WEATHER_ARGUMENTS = json.dumps({"city": "sf"})
@@ -291,44 +291,8 @@ class ScriptedPolicy:
         if fault is not None:
             return fault
         body = record.body
-        messages = list(body.get("messages") or [])
-        tools = list(body.get("tools") or [])
-        message = self.decide(messages, tools)
-        prompt = toy_chat.prompt_token_ids(messages, tools)
-        generated = toy_chat.generation_token_ids(message)
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": message,
-            "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
-        }
-        if body.get("logprobs"):
-            ids_as_tokens = bool(body.get("return_tokens_as_token_ids"))
-            choice["logprobs"] = {
-                "content": [
-                    {
-                        "token": f"token_id:{t}" if ids_as_tokens else str(t),
-                        "logprob": lp,
-                        "bytes": None,
-                        "top_logprobs": [],
-                    }
-                    for t, lp in zip(generated, toy_chat.log_probs(generated), strict=True)
-                ]
-            }
-        reply: dict[str, Any] = {
-            "id": f"chatcmpl-{len(self.calls)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", MODEL_NAME),
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(generated),
-                "total_tokens": len(prompt) + len(generated),
-            },
-        }
-        if body.get("return_token_ids"):
-            reply["prompt_token_ids"] = prompt
-            choice["token_ids"] = generated
+        message = self.decide(list(body.get("messages") or []), list(body.get("tools") or []))
+        reply = vllm_reply.chat_completion(body, message, f"chatcmpl-{len(self.calls)}", MODEL_NAME)
         return self._answer(record, reply)
 
     async def _apply_faults(self, record: CallRecord) -> web.Response | None:

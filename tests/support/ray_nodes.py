@@ -26,8 +26,8 @@ from pathlib import Path
 
 from tests.support.errors import NemoGymError
 from tests.support.hosts import Host, Hosts
+from tests.support.ng_run import offline_env
 from tests.support.procs import tail
-from tests.support.stack import offline_env
 
 REPO = Path(__file__).resolve().parents[2]
 GCS_PORT = 6390

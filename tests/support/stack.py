@@ -35,7 +35,7 @@ from typing import IO, Any
 import requests
 import yaml
 
-from tests.support import procs
+from tests.support import ng_run, procs
 from tests.support.errors import NemoGymError
 from tests.support.procs import ProcInfo, free_ports, group_processes, tail
 from tests.support.venv import check_allowed, ensure_venv, resources_server_dir, venv_version
@@ -50,7 +50,6 @@ DEFAULT_SERVERS = (
     "example_tool_call_multireward",
 )
 NG_RUN_LOG_GRACE = 10.0  # seconds to wait for ng_run's own "servers ready" line
-NO_RAY = Path(__file__).with_name("no_ray")  # its sitecustomize makes initialize_ray a no-op
 
 
 def stock_server_config(server: str, venv: Path | None = None) -> dict[str, Any]:
@@ -70,32 +69,6 @@ def stock_server_config(server: str, venv: Path | None = None) -> dict[str, Any]
                 if isinstance(inner, dict):
                     return dict(inner)
     return {}
-
-
-def offline_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for ng_run and its servers: no downloads, no telemetry, unbuffered logs."""
-    env = dict(os.environ if base is None else base)
-    for key in ("RAY_ADDRESS", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTEST_CURRENT_TEST"):
-        env.pop(key, None)
-    env.update(
-        UV_PYTHON_DOWNLOADS="never",  # ng_run would otherwise let uv fetch a Python
-        UV_OFFLINE="1",
-        RAY_USAGE_STATS_ENABLED="0",
-        RAY_USAGE_STATS_PROMPT_ENABLED="0",
-        RAY_DISABLE_IMPORT_WARNING="1",
-        WANDB_MODE="disabled",
-        WANDB_SILENT="true",
-        HF_HUB_OFFLINE="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        TRANSFORMERS_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        DO_NOT_TRACK="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONUNBUFFERED="1",
-        NO_COLOR="1",
-        TERM="dumb",
-    )
-    return env
 
 
 class NemoGymServers:
@@ -239,29 +212,10 @@ class NemoGymServers:
         self.config_path.write_text(
             yaml.safe_dump(self.build_config(head_port, server_ports, venv), sort_keys=False)
         )
-        # ng_run's per-server venv is <cwd>/resources_servers/<name>/.venv (its uv_venv_dir
-        # default is the cwd for a wheel install); with +skip_venv_if_present=true it only
-        # sources that venv's bin/activate instead of building one with uv.
         kinds = [("resources_servers", n) for n in self.servers] + [k[:2] for k in extra.values()]
-        for kind, type_name in kinds:
-            link = self.workdir / kind / type_name / ".venv"
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if not link.is_symlink():
-                link.symlink_to(venv, target_is_directory=True)
-
-        env = offline_env()
-        env["RAY_TMPDIR"] = str(self.workdir / "ray")  # this stack's own Ray session files
-        env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-        if not self.ray:
-            env["PYTHONPATH"] = str(NO_RAY)
-        env.update(self.extra_env)
-        command = [
-            str(venv / "bin" / "ng_run"),
-            f"+config_paths=[{self.config_path}]",
-            "+skip_venv_if_present=true",
-        ]
-        if self.netns:
-            command = ["ip", "netns", "exec", self.netns, *command]
+        ng_run.link_server_venvs(self.workdir, venv, kinds)
+        command = ng_run.command(venv, self.config_path, self.netns)
+        env = ng_run.environment(venv, self.workdir, self.ray, self.extra_env)
         self.log_path = self.workdir / "ng_run.log"
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         started = time.monotonic()
