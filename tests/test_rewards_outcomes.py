@@ -132,7 +132,11 @@ def test_extras_log_metrics_and_keeps_columns_aligned_across_calls():
             "UNAVAILABLE",
             "UPSTREAM_JUDGE_FAILED",
             "judge",
-            metadata={"failureKind": "judge_failed", "failureReason": "x" * 1000},
+            metadata={
+                "failureKind": "judge_failed",
+                "failureReason": "x" * 1000,
+                "failureReport": '{"chain": []}',
+            },
         ),
     ]
     log.emit(first, kwargs)
@@ -148,6 +152,7 @@ def test_extras_log_metrics_and_keeps_columns_aligned_across_calls():
         ("fn/error", [None, None, "UNAVAILABLE (UPSTREAM_UNAVAILABLE)", None, judge]),
         ("fn/failure_kind", [*[None] * 4, "judge_failed"]),
         ("fn/failure_reason", [*[None] * 4, cut]),
+        ("fn/failure_report", [*[None] * 4, '{"chain": []}']),
         ("fn/components/a", [1.0, 0.0, None, None, None]),
     ]
     metrics.clear()
@@ -158,6 +163,7 @@ def test_extras_log_metrics_and_keeps_columns_aligned_across_calls():
         ("fn/error", [None]),
         ("fn/failure_kind", [None]),
         ("fn/failure_reason", [None]),
+        ("fn/failure_report", [None]),
         ("fn/components/a", [None]),
         ("fn/components/b", [2.0]),
     ]

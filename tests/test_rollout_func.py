@@ -254,3 +254,24 @@ def test_with_the_head_server_down_every_rollout_fails_head_server_unavailable(m
         assert outcome.metadata["headUrl"] == head_url
         assert outcome.metadata["agent"] == "simple_agent"
         assert "Connect" in outcome.metadata["discoveryError"]
+
+
+def test_a_rollouts_nemo_gym_failure_kind_reaches_trls_completions_table():
+    judged = Failure(
+        "UNAVAILABLE",
+        "UPSTREAM_JUDGE_FAILED",
+        "judge down",
+        metadata={"failureKind": "judge_failed", "failureReason": "503 " + "x" * 600},
+    )
+    output = rollout_output([_rollout(1.0, TWO_TURNS), judged], eos=3)
+    text = output["rollout_error"][1]
+    assert text.startswith("UNAVAILABLE (UPSTREAM_JUDGE_FAILED) failureKind=judge_failed")
+    assert "failureReason=503 x" in text and len(text) == 500 and text.endswith("...")
+    logged: dict[str, list] = {}
+    reward_env(
+        ["a", "b"],
+        env_reward=output["env_reward"],
+        rollout_error=output["rollout_error"],
+        log_extra=lambda column, values: logged.setdefault(column, values),
+    )
+    assert logged == {"reward_env/rollout_error": [None, text]}

@@ -44,6 +44,9 @@ def reward_env(
     `completions` is an error, where axolotl gave 0.0 to every completion (a training run
     whose rollouts never reached this function would otherwise learn from zeros); no I/O.
 
+    When TRL passes `log_extra` and the `rollout_error` column has one entry per completion,
+    it is logged as the completions table's `reward_env/rollout_error` column.
+
     Returns:
         list[float | None], one per completion.
 
@@ -52,6 +55,10 @@ def reward_env(
             it), or is a list or tuple whose length differs from `completions`'.
     """
     env_rewards = kwargs.get("env_reward")
+    errors, log_extra = kwargs.get("rollout_error"), kwargs.get("log_extra")
+    logged = isinstance(errors, (list, tuple)) and len(errors) == len(completions)
+    if callable(log_extra) and logged:
+        log_extra("reward_env/rollout_error", list(errors))
     if env_rewards is not None:
         if isinstance(env_rewards, (list, tuple)):
             if len(env_rewards) != len(completions):

@@ -21,8 +21,9 @@ columns (`log_extra`), one value per item (None where an item has no such value)
 - `NAME/failure_kind`, `NAME/failure_reason`: what NeMo Gym (>= 0.7) said went wrong: a
   scored item's `VerifyResponse.failure_kind` / `failure_reason` (a degraded but valid
   measurement), a failed item's error metadata `failureKind` / `failureReason` (e.g. a judge
-  failure: "judge_failed" and the judge's error); at most MAX_LOGGED_TEXT characters (a longer
-  one cut, ending with "..."), None where there is none;
+  failure: "judge_failed" and the judge's error); `NAME/failure_report`: a failed item's
+  `failureReport` (docs/failures.md; no NeMo Gym release sends one yet); each at most
+  MAX_LOGGED_TEXT characters (a longer one cut, ending with "..."), None where there is none;
 - `NAME/components/C` and `NAME/reply/F`: the item's values.
 
 Reply fields count when they are numbers (`outcomes.finite_number`), their name does not
@@ -41,8 +42,13 @@ from typing import Any
 from nemo_gym_grpc.rewards.client.outcomes import Failure, Outcome, finite_number
 
 MAX_LOGGED_TEXT = 500  # characters of a failure_reason in TRL's completions table
-# A column -> the VerifyResponse field of a scored item and the error metadata key of a failed one.
-DIAGNOSTICS = {"failure_kind": "failureKind", "failure_reason": "failureReason"}
+# A column -> the VerifyResponse field of a scored item (if it has one) and the error metadata
+# key of a failed one.
+DIAGNOSTICS = {
+    "failure_kind": "failureKind",
+    "failure_reason": "failureReason",
+    "failure_report": "failureReport",
+}
 
 
 def wanted(kwargs: Mapping[str, Any]) -> bool:
@@ -51,15 +57,30 @@ def wanted(kwargs: Mapping[str, Any]) -> bool:
 
 
 def diagnostic(outcome: Outcome, column: str) -> str | None:
-    """An item's `failure_kind` or `failure_reason` (`column`) for its table cell (see the
-    module docstring): None when empty, else at most MAX_LOGGED_TEXT characters."""
+    """An item's value of a DIAGNOSTICS `column` for its table cell (see the module
+    docstring): None when empty, else at most MAX_LOGGED_TEXT characters."""
     if isinstance(outcome, Failure):
         text = outcome.metadata.get(DIAGNOSTICS[column], "")
     else:
-        text = getattr(outcome, column)
+        text = getattr(outcome, column, "")
+    return bounded(text) or None
+
+
+def bounded(text: str) -> str:
+    """`text` cut to MAX_LOGGED_TEXT characters (a longer one ends with "...")."""
     if len(text) > MAX_LOGGED_TEXT:
         return text[: MAX_LOGGED_TEXT - 3] + "..."
-    return text or None
+    return text
+
+
+def failure_text(failure: Failure) -> str:
+    """A failure in one line for TRL's tables: its cause, then what NeMo Gym said went wrong
+    when the bridge passed it on (DIAGNOSTICS' metadata keys), e.g. "UNAVAILABLE
+    (UPSTREAM_JUDGE_FAILED) failureKind=judge_failed failureReason=...";
+    at most MAX_LOGGED_TEXT characters."""
+    metadata = failure.metadata
+    told = (f"{key}={metadata[key]}" for key in DIAGNOSTICS.values() if key in metadata)
+    return bounded(" ".join((failure.cause, *told)))
 
 
 def item_values(outcome: Outcome, row: Any) -> dict[str, float]:

@@ -10,9 +10,11 @@ What TRL 1.16 does around it (`trl/trainer/grpo_trainer.py`, `_generate`): it ca
 per prompt, `prompt_ids`, `completion_ids` and `logprobs`, and may return `env_mask` (1 =
 trained on); TRL forwards every other key to the reward functions as a keyword argument, one
 value per completion. This function returns `env_mask`, `env_reward` (the rollout's reward,
-NaN for a failed rollout), `num_turns` and `rollout_error` (None, or the failure's cause, e.g.
-"UNAVAILABLE (AGENT_UNAVAILABLE)"), so `reward_funcs=[reward_env]` trains on the agent's
-rewards. Tokens are stitched across turns as `stitch.py` says.
+NaN for a failed rollout), `num_turns` and `rollout_error` (None, or `logs.failure_text`: the
+failure's cause, e.g. "UNAVAILABLE (AGENT_UNAVAILABLE)", and NeMo Gym's `failure_kind` /
+`failure_reason` when it sent them), so `reward_funcs=[reward_env]` trains on the agent's
+rewards and logs `rollout_error` to TRL's completions table. Tokens are stitched across turns
+as `stitch.py` says.
 
 From prompt to dataset row: each prompt is looked up among the dataset rows (`rows.py`): the
 trainer's own `train_dataset` and `eval_dataset` by default, or the `rows` given. The NeMo Gym
@@ -36,6 +38,7 @@ from typing import Any
 
 from nemo_gym_grpc.rewards.client import policy, rollouts, settings
 from nemo_gym_grpc.rewards.client.outcomes import Failure, RunOutcome
+from nemo_gym_grpc.rewards.trl import logs
 from nemo_gym_grpc.rewards.trl.rows import RowIndex, nemo_gym_row, trainer_datasets
 from nemo_gym_grpc.rewards.trl.stitch import Sample, StitchError, failed_sample, stitch
 
@@ -77,7 +80,7 @@ def rollout_output(
     Returns:
         {"prompt_ids", "completion_ids", "logprobs", "env_mask": lists per sample;
         "env_reward": float per sample (NaN for a failure); "num_turns": int per sample;
-        "rollout_error": None or the failure's cause per sample}.
+        "rollout_error": None or `logs.failure_text` per sample}.
     """
     output: dict[str, list[Any]] = {
         key: []
@@ -96,7 +99,7 @@ def rollout_output(
         if isinstance(sample, Failure):
             if failures is not None:
                 failures[index] = sample
-            error: str | None = sample.cause
+            error: str | None = logs.failure_text(sample)
             reward = math.nan
             sample = failed_sample(eos)
         else:
