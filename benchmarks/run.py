@@ -52,8 +52,8 @@ def log(message: str) -> None:
 STARTED = time.monotonic()
 
 
-def main() -> int:
-    """Run the chosen scenarios and write the JSON, markdown and plots."""
+def _arguments() -> argparse.Namespace:
+    """The command line of the module docstring, parsed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=procs.HERE / "results")
     parser.add_argument("--only", default="1,2,3,4,5", help="comma-separated scenario numbers")
@@ -70,7 +70,12 @@ def main() -> int:
         "--scaling",
         help="run scenario 4 (capacity) alone for these comma-separated --workers counts",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    """Run the chosen scenarios and write the JSON, markdown and plots."""
+    args = _arguments()
     settings = QUICK if args.quick else scenarios.Settings()
     if args.scaling:
         settings.workers = tuple(int(x) for x in args.scaling.split(",") if x.strip())

@@ -15,28 +15,16 @@ from google.rpc import code_pb2
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port
 from tests.support.items import mcqa_item
-from tests.support.prometheus_scrape import metrics_url, scrape, value, wait_for
+from tests.support.prometheus_scrape import Samples, metrics_url, scrape, value, wait_for
 
 ITEMS = "nemo_gym_grpc_items_total"
 LATENCY_COUNT = "nemo_gym_grpc_upstream_latency_seconds_count"
 RETRIES = "nemo_gym_grpc_upstream_retries_total"
 
 
-def test_metrics_count_every_outcome_and_the_stream_log_has_fields(start_bridge, nemo_gym):
-    down = f"http://127.0.0.1:{closed_port()}"
-    bridge = start_bridge(
-        "--head-url",
-        nemo_gym.head_url,
-        "--server",
-        f"down={down}",
-        "--metrics-port",
-        "0",
-        "--log-format",
-        "json",
-        "--health-interval",
-        "600",
-    )
-    url = metrics_url(bridge)
+def _mixed_items() -> list[verify_pb2.VerifyRequest]:
+    """12 items: 6 that score (4 right, 2 wrong answers) and 6 that fail (3 to the closed port
+    "down", 1 unknown resources server, 1 unparsable row, 1 duplicate request_id)."""
     items = [mcqa_item(f"right{i}") for i in range(4)] + [
         mcqa_item(f"wrong{i}", answer=False) for i in (0, 1)
     ]
@@ -46,13 +34,21 @@ def test_metrics_count_every_outcome_and_the_stream_log_has_fields(start_bridge,
         mcqa_item("not-json", row_json="{"),
         mcqa_item("right0"),  # right0 is still in flight: a duplicate request_id
     ]
+    return items
+
+
+def _stream_then_scrape(
+    target: str, items: list[verify_pb2.VerifyRequest], url: str
+) -> tuple[list[verify_pb2.VerifyResponse], Samples]:
+    """Send `items` on one VerifyStream and read a result for each; scrape `url` while the
+    stream is still open, then half-close it. Returns (results, the samples scraped)."""
     release = threading.Event()
 
     def messages():
         yield verify_pb2.VerifyStreamRequest(items=items)
         release.wait(60)  # the stream stays open until the scrape below
 
-    with grpc.insecure_channel(bridge.target) as channel:
+    with grpc.insecure_channel(target) as channel:
         call = verify_pb2_grpc.VerifyServiceStub(channel).VerifyStream(messages(), timeout=60)
         results = []
         for message in call:
@@ -62,11 +58,11 @@ def test_metrics_count_every_outcome_and_the_stream_log_has_fields(start_bridge,
         open_stream = scrape(url)
         release.set()
         assert list(call) == []
-    assert len(results) == 12 and sum(r.HasField("error") for r in results) == 6
+    return results, open_stream
 
-    samples = wait_for(url, lambda s: value(s, "nemo_gym_grpc_active_streams") == 0)
-    assert value(open_stream, "nemo_gym_grpc_active_streams") == 1
-    assert value(samples, "nemo_gym_grpc_active_streams") == 0
+
+def _check_items_counted(samples: Samples) -> None:
+    """ITEMS by outcome, status code and reason for the items of _mixed_items."""
     ok = {"outcome": "ok", "code": "OK", "reason": ""}
     assert value(samples, ITEMS, resources_server="mcqa", **ok) == 6
     assert value(samples, ITEMS, outcome="ok") == 6
@@ -97,6 +93,11 @@ def test_metrics_count_every_outcome_and_the_stream_log_has_fields(start_bridge,
         )
         == 2
     )
+
+
+def _check_upstream_metrics(samples: Samples, mcqa: str, down: str) -> None:
+    """Latency counts, retries, in-flight and waiting gauges per upstream (`mcqa`: the mcqa
+    server's URL, `down`: the closed port's), no label for the unknown server's name."""
     assert value(samples, LATENCY_COUNT, resources_server="mcqa", route="/verify") == 6
     assert value(samples, LATENCY_COUNT, resources_server="down", route="/verify") == 9
     assert value(samples, RETRIES, resources_server="down", reason="UPSTREAM_UNAVAILABLE") == 6
@@ -106,10 +107,13 @@ def test_metrics_count_every_outcome_and_the_stream_log_has_fields(start_bridge,
         for (name, labels), v in samples.items()
         if name == "nemo_gym_grpc_upstream_in_flight"
     }
-    assert in_flight == {nemo_gym.server_urls["mcqa"]: 0, down: 0}
+    assert in_flight == {mcqa: 0, down: 0}
     assert value(samples, "nemo_gym_grpc_upstream_waiting") == 0
     assert not any("no/such/server" in dict(labels).values() for _, labels in samples)
 
+
+def _check_stream_log(bridge) -> None:
+    """SIGTERM the bridge; its JSON log has one verify_stream_end record with the counts."""
     os.kill(bridge.pid, signal.SIGTERM)
     assert bridge.proc.wait(timeout=30) == 0
     records = [json.loads(line) for line in bridge.stderr_path.read_text().splitlines()]
@@ -118,6 +122,33 @@ def test_metrics_count_every_outcome_and_the_stream_log_has_fields(start_bridge,
     assert ended[0]["items_received"] == 12 and ended[0]["results_sent"] == 12
     assert ended[0]["results_failed"] == 6
     assert ended[0]["duration_seconds"] > 0 and ended[0]["peer"].startswith("ipv")
+
+
+def test_metrics_count_every_outcome_and_the_stream_log_has_fields(start_bridge, nemo_gym):
+    down = f"http://127.0.0.1:{closed_port()}"
+    bridge = start_bridge(
+        "--head-url",
+        nemo_gym.head_url,
+        "--server",
+        f"down={down}",
+        "--metrics-port",
+        "0",
+        "--log-format",
+        "json",
+        "--health-interval",
+        "600",
+    )
+    url = metrics_url(bridge)
+    items = _mixed_items()
+    results, open_stream = _stream_then_scrape(bridge.target, items, url)
+    assert len(results) == 12 and sum(r.HasField("error") for r in results) == 6
+
+    samples = wait_for(url, lambda s: value(s, "nemo_gym_grpc_active_streams") == 0)
+    assert value(open_stream, "nemo_gym_grpc_active_streams") == 1
+    assert value(samples, "nemo_gym_grpc_active_streams") == 0
+    _check_items_counted(samples)
+    _check_upstream_metrics(samples, nemo_gym.server_urls["mcqa"], down)
+    _check_stream_log(bridge)
 
 
 def _two_free_ports() -> int:

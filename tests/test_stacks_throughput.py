@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -31,6 +32,8 @@ from tests.support import example_rows, free_ports
 
 BATCH = 512
 PROMPT = "<|user|>Q<|assistant|>"
+# One way to score: run(n) -> the rewards of the first n items of the batch.
+Scorer = Callable[[int], Awaitable[list[float]]]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +45,7 @@ def batch(nemo_gym_venv) -> tuple[list[dict[str, Any]], list[str], list[float]]:
     return items, texts, [float(1 - i % 2) for i in range(BATCH)]
 
 
-async def _timed(run: Callable[[int], Awaitable[list[float]]], expected: list[float]) -> float:
+async def _timed(run: Scorer, expected: list[float]) -> float:
     await run(4)  # warm-up
     started = time.perf_counter()
     got = await run(BATCH)
@@ -51,14 +54,9 @@ async def _timed(run: Callable[[int], Awaitable[list[float]]], expected: list[fl
     return seconds
 
 
-async def test_512_items_through_each_adapter(batch, bridge_target, nemo_gym_venv, monkeypatch,
-                                              tmp_path, capsys):  # fmt: skip
-    monkeypatch.setenv("NEMO_GYM_GRPC_TARGET", bridge_target)
-    monkeypatch.delenv("NEMO_GYM_GRPC_ON_ERROR", raising=False)
-    rows, texts, expected = batch
+def _reward_fn_paths(rows: list[dict], texts: list[str]) -> dict[str, Scorer]:
+    """The TRL, verl and slime reward functions, each as run(n) -> rewards of the first n."""
     refs = [{"name": "mcqa"}] * BATCH
-    labels = [json.dumps({"resources_server": "mcqa", "nemo_gym_row": r}) for r in rows]
-    seconds: dict[str, float] = {}
 
     async def trl_sync(n: int) -> list[float]:
         args = {"resources_server_ref": refs[:n], "verify_extra": rows[:n]}
@@ -89,17 +87,25 @@ async def test_512_items_through_each_adapter(batch, bridge_target, nemo_gym_ven
     async def slime_per_sample(n: int) -> list[float]:
         return list(await asyncio.gather(*(slime.reward(None, s) for s in samples(n))))
 
+    return {
+        "reward_nemo_gym_verify (TRL, sync; baseline)": trl_sync,
+        "reward_nemo_gym_verify_async (TRL)": trl_async,
+        "verl compute_score, one call per sample": verl_per_sample,
+        "slime group_reward (--group-rm)": slime_group,
+        "slime reward, one call per sample": slime_per_sample,
+    }
+
+
+def _openrlhf_paths(rows: list[dict], texts: list[str], port: int) -> dict[str, Scorer]:
+    """OpenRLHF's reward_func in process, and its app over HTTP on `port` (already serving)."""
+    labels = [json.dumps({"resources_server": "mcqa", "nemo_gym_row": r}) for r in rows]
+
     def queries(n: int) -> tuple[list[str], list[str], list[str]]:
         return [PROMPT + t for t in texts[:n]], [PROMPT] * n, labels[:n]
 
     async def openrlhf_func(n: int) -> list[float]:
         result = await asyncio.to_thread(openrlhf.reward_func, *queries(n))
         return [float(x) for x in result["rewards"].tolist()]
-
-    runner = web.AppRunner(openrlhf.app())
-    await runner.setup()
-    (port,) = free_ports(1)
-    await web.TCPSite(runner, "127.0.0.1", port).start()
 
     async def openrlhf_http(n: int) -> list[float]:
         q, p, lab = queries(n)
@@ -108,22 +114,41 @@ async def test_512_items_through_each_adapter(batch, bridge_target, nemo_gym_ven
         reply = await asyncio.to_thread(requests.post, url, json=body, timeout=120)
         return [float(x) for x in reply.json()["rewards"]]
 
-    paths = {
-        "reward_nemo_gym_verify (TRL, sync; baseline)": trl_sync,
-        "reward_nemo_gym_verify_async (TRL)": trl_async,
-        "verl compute_score, one call per sample": verl_per_sample,
-        "slime group_reward (--group-rm)": slime_group,
-        "slime reward, one call per sample": slime_per_sample,
+    return {
         "OpenRLHF reward_func": openrlhf_func,
         "OpenRLHF openrlhf-rm HTTP (requests)": openrlhf_http,
     }
+
+
+async def _time_in_process(
+    rows: list[dict], texts: list[str], expected: list[float]
+) -> dict[str, float]:
+    """Seconds per path of _reward_fn_paths and _openrlhf_paths (OpenRLHF's app served on a
+    free loopback port meanwhile)."""
+    runner = web.AppRunner(openrlhf.app())
+    await runner.setup()
+    (port,) = free_ports(1)
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    paths = {**_reward_fn_paths(rows, texts), **_openrlhf_paths(rows, texts, port)}
+    seconds: dict[str, float] = {}
     try:
         for name, run in paths.items():
             seconds[name] = await _timed(run, expected)
     finally:
         await runner.cleanup()
+    return seconds
 
-    # verl's own reward loop (RewardLoopWorker) in build/verl-venv, over exported mcqa rows
+
+def _time_verl_reward_loop(
+    nemo_gym_venv: Path,
+    tmp_path: Path,
+    rows: list[dict],
+    expected: list[float],
+    bridge_target: str,
+) -> dict[str, float]:
+    """Seconds of verl's own reward loop (RewardLoopWorker) in build/verl-venv, over exported
+    mcqa rows, with each reward manager; the key names the number of calls."""
+    seconds = {}
     (parquet,) = [p for s, p in export_examples(nemo_gym_venv, tmp_path, "verl").items()
                   if s == "mcqa"]  # fmt: skip
     frame = pd.read_parquet(parquet)
@@ -137,7 +162,11 @@ async def test_512_items_through_each_adapter(batch, bridge_target, nemo_gym_ven
         result = run_verl({"parquet": str(parquet), "mode": mode, "items": items}, bridge_target)
         assert result["scores"] == expected
         seconds[f"{name} ({len(result['calls'])} calls)"] = result["seconds"]
+    return seconds
 
+
+def _report(seconds: dict[str, float], capsys) -> None:
+    """Print the items/s table and write build/stacks_throughput.json."""
     base = seconds["reward_nemo_gym_verify (TRL, sync; baseline)"]
     lines = [f"{BATCH} mcqa items, one batch:", "| path | items/s | vs baseline |", "|---|---|---|"]
     lines += [f"| {k} | {BATCH / s:,.0f} | {base / s:.2f}x |" for k, s in seconds.items()]
@@ -145,3 +174,13 @@ async def test_512_items_through_each_adapter(batch, bridge_target, nemo_gym_ven
     (ROOT / "build" / "stacks_throughput.json").write_text(json.dumps(seconds, indent=1))
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+async def test_512_items_through_each_adapter(batch, bridge_target, nemo_gym_venv, monkeypatch,
+                                              tmp_path, capsys):  # fmt: skip
+    monkeypatch.setenv("NEMO_GYM_GRPC_TARGET", bridge_target)
+    monkeypatch.delenv("NEMO_GYM_GRPC_ON_ERROR", raising=False)
+    rows, texts, expected = batch
+    seconds = await _time_in_process(rows, texts, expected)
+    seconds.update(_time_verl_reward_loop(nemo_gym_venv, tmp_path, rows, expected, bridge_target))
+    _report(seconds, capsys)

@@ -27,6 +27,7 @@ import math
 import os
 import re
 import time
+from typing import Any
 
 import pytest
 import requests
@@ -138,6 +139,49 @@ def verify_over_http(url: str, row: dict, text: str) -> float:
     return reply.json()["reward"]
 
 
+def _grpo_trainer(trl, datasets, reward_func, rows: list[dict], output_dir) -> Any:
+    """A `trl.GRPOTrainer` of the tiny Llama over `rows`, scored by `reward_func`, whose policy
+    can sample only ANSWERS and the end token (two_step_grpo_config: 2 steps of 3 prompts x 2
+    generations, completions tables in `output_dir`)."""
+    from tests.support.tiny_trl import tiny_llama, two_step_grpo_config
+
+    tokenizer = _tokenizer()
+    sampled = {*ANSWERS, tokenizer.eos_token}
+    tokens = [t for t in tokenizer.get_vocab() if t not in sampled]
+    args = two_step_grpo_config(
+        output_dir,
+        max_completion_length=4,
+        generation_kwargs={"suppress_tokens": [tokenizer.convert_tokens_to_ids(t) for t in tokens]},
+    )
+    return trl.GRPOTrainer(
+        model=tiny_llama(tokenizer),
+        processing_class=tokenizer,
+        reward_funcs=[reward_func],
+        train_dataset=datasets.Dataset.from_list(rows),
+        args=args,
+    )
+
+
+def _check_rewards(frame, name: str, rows: list[dict], mcqa_url: str, pandas, seen: dict) -> None:
+    """Each reward in one step's completions table `frame` (reward column `name`) against the
+    mcqa server at `mcqa_url` itself, NaN with its error for the missing server's row; counts
+    the NaN, 0.0 and 1.0 rewards in `seen`."""
+    for prompt, completion, reward, error in zip(
+        frame["prompt"], frame["completion"], frame[name], frame[f"{name}/error"], strict=True
+    ):
+        row = _row_of(prompt, rows)
+        if row["resources_server_ref"]["name"] == MISSING_SERVER:
+            assert math.isnan(reward)  # None from us, NaN in TRL: not 0
+            assert error == "NOT_FOUND (UNKNOWN_RESOURCES_SERVER)"
+            seen["nan"] += 1
+        else:
+            text = completion if isinstance(completion, str) else completion[0]["content"]
+            truth = verify_over_http(mcqa_url, row["verify_extra"], text)
+            assert reward == truth, (text, row["verify_extra"]["expected_answer"])
+            assert pandas.isna(error)  # no failure (pandas reads a missing string as NaN)
+            seen[truth] += 1
+
+
 @pytest.mark.parametrize(
     "dotted",
     [
@@ -150,38 +194,11 @@ def test_two_grpo_steps_score_with_nemo_gym_and_failed_items_reach_trl_as_nan(
     dotted, nemo_gym, nemo_gym_venv, bridge_target, monkeypatch, tmp_path
 ):
     trl, datasets, pandas = _trl_stack()
-    from tests.support.tiny_trl import tiny_llama
-
     monkeypatch.setenv(settings.TARGET_ENV, bridge_target)
     reward_func = load_reward_func(dotted)
     name = reward_func.__name__
     rows = _loader_rows(nemo_gym_venv)
-    tokenizer = _tokenizer()
-    sampled = {*ANSWERS, tokenizer.eos_token}
-    tokens = [t for t in tokenizer.get_vocab() if t not in sampled]
-    args = trl.GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=6,  # 3 prompts x 2 generations per step
-        num_generations=2,
-        max_completion_length=4,
-        generation_kwargs={"suppress_tokens": [tokenizer.convert_tokens_to_ids(t) for t in tokens]},
-        max_steps=2,
-        logging_steps=1,
-        learning_rate=1e-2,
-        log_completions=True,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-    )
-    trainer = trl.GRPOTrainer(
-        model=tiny_llama(tokenizer),
-        processing_class=tokenizer,
-        reward_funcs=[reward_func],
-        train_dataset=datasets.Dataset.from_list(rows),
-        args=args,
-    )
+    trainer = _grpo_trainer(trl, datasets, reward_func, rows, tmp_path)
     began = time.monotonic()
     trainer.train()
     print(f"{dotted}: 2 GRPO steps in {time.monotonic() - began:.2f} s")
@@ -194,20 +211,7 @@ def test_two_grpo_steps_score_with_nemo_gym_and_failed_items_reach_trl_as_nan(
     for entry, table in zip(steps, tables, strict=True):
         frame = pandas.read_parquet(table)
         assert len(frame) == 6
-        for prompt, completion, reward, error in zip(
-            frame["prompt"], frame["completion"], frame[name], frame[f"{name}/error"], strict=True
-        ):
-            row = _row_of(prompt, rows)
-            if row["resources_server_ref"]["name"] == MISSING_SERVER:
-                assert math.isnan(reward)  # None from us, NaN in TRL: not 0
-                assert error == "NOT_FOUND (UNKNOWN_RESOURCES_SERVER)"
-                seen["nan"] += 1
-            else:
-                text = completion if isinstance(completion, str) else completion[0]["content"]
-                truth = verify_over_http(nemo_gym.server_urls["mcqa"], row["verify_extra"], text)
-                assert reward == truth, (text, row["verify_extra"]["expected_answer"])
-                assert pandas.isna(error)  # no failure (pandas reads a missing string as NaN)
-                seen[truth] += 1
+        _check_rewards(frame, name, rows, nemo_gym.server_urls["mcqa"], pandas, seen)
         # the logged mean leaves the NaN rows out
         assert entry[f"rewards/{name}/mean"] == pytest.approx(frame[name].mean(skipna=True))
         failed = frame[name].isna().mean()

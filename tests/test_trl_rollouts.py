@@ -65,42 +65,30 @@ def _key(prompt: Any) -> str:
     return json.dumps(prompt, sort_keys=True)
 
 
-def test_two_grpo_steps_train_on_the_agents_rollouts_and_masked_ones_reach_trl_as_nan(
-    agent_stack, nemo_gym_venv, tmp_path, monkeypatch
-):
+Calls = list[tuple[list[Any], dict[str, list[Any]]]]  # (prompts, rollout_func output) per step
+
+
+def _train(
+    agent_stack, rows: list[dict[str, Any]], output_dir: Path, monkeypatch
+) -> tuple[Any, Calls]:
+    """Train the tiny Llama for two_step_grpo_config's 2 steps on `rows`, its completions the
+    agent's rollouts through a bridge to `agent_stack` (rollout_func), scored by reward_env.
+    Returns (the trainer, each rollout_func call)."""
     import datasets
-    import pandas
     import trl
 
-    from tests.support.tiny_trl import tiny_llama
+    from tests.support.tiny_trl import tiny_llama, two_step_grpo_config
 
-    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    rows = dataset_rows(nemo_gym_venv)
-    truths = {_key(row["prompt"]): truth_of(agent_stack, row) for row in rows}
-    assert sum(math.isnan(t) for t in truths.values()) == 1  # the masked row, and only it
     tokenizer = toy_tokenizer()
     rollout_func = create_nemo_gym_rollout_func()
-    calls: list[tuple[list[Any], dict[str, list[Any]]]] = []
+    calls: Calls = []
 
     def recording(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         output = rollout_func(prompts, trainer)
         calls.append((prompts, output))
         return output
 
-    args = trl.GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=6,  # 3 rows x 2 generations per step: 6 rows in 2 steps
-        num_generations=2,
-        max_steps=2,
-        logging_steps=1,
-        learning_rate=1e-2,
-        log_completions=True,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-    )
+    args = two_step_grpo_config(output_dir)  # 3 rows x 2 generations per step: 6 rows in 2 steps
     with _start_bridge("--head-url", agent_stack.head_url) as bridge:
         monkeypatch.setenv(settings.TARGET_ENV, bridge.target)
         trainer = trl.GRPOTrainer(
@@ -112,7 +100,12 @@ def test_two_grpo_steps_train_on_the_agents_rollouts_and_masked_ones_reach_trl_a
             args=args,
         )
         trainer.train()
+    return trainer, calls
 
+
+def _check_rollouts(calls: Calls, truths: dict[str, float]) -> None:
+    """Each step's rollouts against the agent's own reward per row (`truths`, by _key): masked
+    rows NaN with one masked EOS token, the others the agent's reward with tool output masked."""
     # TRL passed each step's rows already repeated num_generations times: one rollout each
     assert len(calls) == 2
     seen_rows: list[str] = []
@@ -141,11 +134,15 @@ def test_two_grpo_steps_train_on_the_agents_rollouts_and_masked_ones_reach_trl_a
                 assert all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if not m)
     assert sorted(seen_rows) == sorted(truths)  # every row once over the two steps
 
-    # what TRL logged: the agents' rewards, NaN left out of the mean, env_mask honoured
+
+def _check_logged(trainer: Any, output_dir: Path, calls: Calls, truths: dict[str, float]) -> None:
+    """What TRL logged: the agents' rewards, NaN left out of the mean, env_mask honoured."""
+    import pandas
+
     name = reward_env.__name__
     steps = [entry for entry in trainer.state.log_history if f"rewards/{name}/mean" in entry]
     assert [entry["step"] for entry in steps] == [1, 2]
-    tables = sorted((tmp_path / "completions").glob("*.parquet"))
+    tables = sorted((output_dir / "completions").glob("*.parquet"))
     assert len(tables) == 2
     nan_seen = 0
     for entry, table, (_, output) in zip(steps, tables, calls, strict=True):
@@ -163,6 +160,18 @@ def test_two_grpo_steps_train_on_the_agents_rollouts_and_masked_ones_reach_trl_a
         generated = [sum(mask) for mask in output["env_mask"]]
         assert entry["completions/mean_length"] == pytest.approx(sum(generated) / len(generated))
     assert nan_seen == 2  # the masked row's two generations
+
+
+def test_two_grpo_steps_train_on_the_agents_rollouts_and_masked_ones_reach_trl_as_nan(
+    agent_stack, nemo_gym_venv, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    rows = dataset_rows(nemo_gym_venv)
+    truths = {_key(row["prompt"]): truth_of(agent_stack, row) for row in rows}
+    assert sum(math.isnan(t) for t in truths.values()) == 1  # the masked row, and only it
+    trainer, calls = _train(agent_stack, rows, tmp_path, monkeypatch)
+    _check_rollouts(calls, truths)
+    _check_logged(trainer, tmp_path, calls, truths)
 
 
 def test_the_docs_example_runs_as_written(agent_stack, nemo_gym_venv, tmp_path):

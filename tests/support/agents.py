@@ -51,14 +51,20 @@ def _ref(kind: str, name: str) -> dict[str, str]:
     return {"type": kind, "name": name}
 
 
-def stack_config(policy: ScriptedPolicy, version: str) -> tuple[tuple[str, ...], dict, dict]:
-    """(resources servers, config_overrides, extra_config) for NemoGymServers: the blocks the
-    module docstring lists, for NeMo Gym `version`."""
-    full = version_tuple(version) >= (0, 7)
-    servers: tuple[str, ...] = (
-        (WEATHER_RESOURCES, MASKED_RESOURCES) if full else (WEATHER_RESOURCES,)
-    )
-    model = _ref("responses_api_models", POLICY_MODEL)
+def _simple_agent(resources: str) -> dict[str, Any]:
+    """A `simple_agent` block over resources server `resources` and POLICY_MODEL."""
+    return {
+        "responses_api_agents": {
+            "simple_agent": {
+                "resources_server": _ref("resources_servers", resources),
+                "model_server": _ref("responses_api_models", POLICY_MODEL),
+            }
+        }
+    }
+
+
+def _policy_and_weather_blocks(policy: ScriptedPolicy) -> dict[str, Any]:
+    """extra_config blocks of every version: POLICY_MODEL over `policy`, WEATHER_AGENT."""
     vllm = {
         "base_url": policy.base_url,
         "api_key": "dummy",
@@ -66,53 +72,56 @@ def stack_config(policy: ScriptedPolicy, version: str) -> tuple[tuple[str, ...],
         "return_token_id_information": True,
         "uses_reasoning_parser": False,
     }
-    extra: dict[str, Any] = {
+    return {
         POLICY_MODEL: {"responses_api_models": {"vllm_model": vllm}},
-        WEATHER_AGENT: {
-            "responses_api_agents": {
-                "simple_agent": {
-                    "resources_server": _ref("resources_servers", WEATHER_RESOURCES),
-                    "model_server": model,
-                }
-            }
-        },
+        WEATHER_AGENT: _simple_agent(WEATHER_RESOURCES),
     }
-    overrides: dict[str, Any] = {}
-    if full:
-        agent = _ref("responses_api_agents", WEATHER_AGENT)
-        extra[EPISODE_SERVER] = {
+
+
+def _episode_and_masked_blocks(policy: ScriptedPolicy) -> tuple[dict, dict]:
+    """(config_overrides, extra_config) that 0.7 adds: EPISODE_SERVER, and the masked path
+    (JUDGE_MODEL on `policy`'s judge routes, MASKED_AGENT, MASKED_RELAY, MASKED_RESOURCES asking
+    the judge)."""
+    extra: dict[str, Any] = {
+        EPISODE_SERVER: {
             "environment_servers": {
                 "single_agent_turn": {
                     "resources_server": _ref("resources_servers", WEATHER_RESOURCES),
-                    "agent_server": agent,
+                    "agent_server": _ref("responses_api_agents", WEATHER_AGENT),
                     "resources_tool_transports": ["direct_http"],
                     "default_episode_timeout_seconds": EPISODE_TIMEOUT,
                     "cleanup_timeout_seconds": CLEANUP_TIMEOUT,
                 }
             }
         }
-        judge = {
-            "openai_base_url": policy.judge_base_url,
-            "openai_api_key": "dummy",
-            "openai_model": "judge",
-        }
-        extra[JUDGE_MODEL] = {"responses_api_models": {"openai_model": judge}}
-        extra[MASKED_AGENT] = {
-            "responses_api_agents": {
-                "simple_agent": {
-                    "resources_server": _ref("resources_servers", MASKED_RESOURCES),
-                    "model_server": model,
-                }
-            }
-        }
-        relay = {"agent_server": _ref("responses_api_agents", MASKED_AGENT)}
-        extra[MASKED_RELAY] = {"environment_servers": {"legacy_agent": relay}}
-        overrides[MASKED_RESOURCES] = {
+    }
+    judge = {
+        "openai_base_url": policy.judge_base_url,
+        "openai_api_key": "dummy",
+        "openai_model": "judge",
+    }
+    extra[JUDGE_MODEL] = {"responses_api_models": {"openai_model": judge}}
+    extra[MASKED_AGENT] = _simple_agent(MASKED_RESOURCES)
+    relay = {"agent_server": _ref("responses_api_agents", MASKED_AGENT)}
+    extra[MASKED_RELAY] = {"environment_servers": {"legacy_agent": relay}}
+    overrides = {
+        MASKED_RESOURCES: {
             "should_use_judge": True,
             "judge_model_server": _ref("responses_api_models", JUDGE_MODEL),
             "judge_responses_create_params": {"input": []},
         }
-    return servers, overrides, extra
+    }
+    return overrides, extra
+
+
+def stack_config(policy: ScriptedPolicy, version: str) -> tuple[tuple[str, ...], dict, dict]:
+    """(resources servers, config_overrides, extra_config) for NemoGymServers: the blocks the
+    module docstring lists, for NeMo Gym `version`."""
+    extra = _policy_and_weather_blocks(policy)
+    if version_tuple(version) < (0, 7):
+        return (WEATHER_RESOURCES,), {}, extra
+    overrides, more = _episode_and_masked_blocks(policy)
+    return (WEATHER_RESOURCES, MASKED_RESOURCES), overrides, {**extra, **more}
 
 
 class AgentStack:

@@ -102,6 +102,15 @@ class _Chaos:
     bridge_starts: list[float] = field(default_factory=list)
     kills: int = 0
 
+    def stop(self) -> None:
+        """Stop the current bridge (SIGTERM) and SIGKILL the servers the soak started itself
+        (ng_run stops the others)."""
+        self.bridge.stop()
+        for server in self.servers:
+            if server.proc is not None and server.proc.poll() is None:
+                server.proc.send_signal(signal.SIGKILL)
+                server.proc.wait(timeout=10)
+
 
 def _servers(gym: NemoGymServers) -> list[_Server]:
     """The stack's resources server processes (`... app.py`), by instance name (ng_run gives
@@ -348,11 +357,7 @@ def run_soak(config: SoakConfig, log: Callable[[str], None] = print) -> dict[str
             halt.set()
             for thread in helpers:
                 thread.join(90)
-            chaos.bridge.stop()
-            for server in servers:
-                if server.proc is not None and server.proc.poll() is None:
-                    server.proc.send_signal(signal.SIGKILL)
-                    server.proc.wait(timeout=10)
+            chaos.stop()
         if chaos.log.exists():
             log(f"soak: the restarted servers' log is {chaos.log}")
         return soak_report.summarize(

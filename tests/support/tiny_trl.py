@@ -2,19 +2,22 @@
 
     tokenizer = word_tokenizer(["<pad>", "<unk>", "<s>", "</s>", "user:", "assistant:", ...])
     model = tiny_llama(tokenizer)          # a 1-layer Llama, output layer zeroed
+    args = two_step_grpo_config(tmp_path)  # trl.GRPOConfig: 2 steps of 3 prompts x 2
 
 The tokenizer is a WordLevel one over the given vocabulary (token id = position in the list),
 split on whitespace, with a plain "role: content" chat template. The model is built from a
 config, seeded, with its output layer zeroed so that it samples uniformly at first. Moved here
-from tests/test_trl.py so that test_trl.py and test_trl_rollouts.py share it.
+from tests/test_trl.py so that test_trl.py and test_trl_rollouts.py share it, with the GRPO
+settings both train with.
 
-Needs torch, transformers and tokenizers: import this module only after checking for them (as
-the TRL tests do).
+Needs torch, transformers and tokenizers (and trl for two_step_grpo_config): import this module
+only after checking for them (as the TRL tests do).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import tokenizers
@@ -68,3 +71,26 @@ def tiny_llama(tokenizer: Any) -> Any:
     with torch.no_grad():
         model.lm_head.weight.zero_()
     return model
+
+
+def two_step_grpo_config(output_dir: str | Path, **extra: Any) -> Any:
+    """A `trl.GRPOConfig` for 2 GRPO steps of 6 completions each (3 prompts x 2 generations),
+    logged every step with TRL's completions tables (`output_dir/completions/*.parquet`), on
+    the CPU, seeded, saving nothing; `extra`: more GRPOConfig keywords."""
+    import trl
+
+    return trl.GRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=6,
+        num_generations=2,
+        max_steps=2,
+        logging_steps=1,
+        learning_rate=1e-2,
+        log_completions=True,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        **extra,
+    )
