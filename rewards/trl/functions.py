@@ -56,9 +56,9 @@ def reward_env(
     """
     env_rewards = kwargs.get("env_reward")
     errors, log_extra = kwargs.get("rollout_error"), kwargs.get("log_extra")
-    logged = isinstance(errors, (list, tuple)) and len(errors) == len(completions)
-    if callable(log_extra) and logged:
-        log_extra("reward_env/rollout_error", list(errors))
+    if callable(log_extra) and isinstance(errors, (list, tuple)):
+        if len(errors) == len(completions):
+            log_extra("reward_env/rollout_error", list(errors))
     if env_rewards is not None:
         if isinstance(env_rewards, (list, tuple)):
             if len(env_rewards) != len(completions):
