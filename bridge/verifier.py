@@ -205,9 +205,7 @@ class Verifier:
             _no_reverify(exc, caps, sent=True)
             raise
 
-    async def _learned(
-        self, replica: Replica, deadline: float | None
-    ) -> capabilities.Capabilities:
+    async def _learned(self, replica: Replica, deadline: float | None) -> capabilities.Capabilities:
         """What `replica` supports, waiting for it at most `capabilities.LEARN_TIMEOUT` and
         what the RPC `deadline` leaves (`attempts.time_left`).
 
