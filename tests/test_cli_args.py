@@ -141,6 +141,26 @@ def test_serve_refuses_a_tls_file_it_cannot_read(main, tmp_path, flag):
     assert_refused(main("serve", flag, str(tmp_path)), f"argument {flag}", str(tmp_path))
 
 
+def test_serve_refuses_tls_files_that_cannot_serve_before_it_binds(main, tmp_path):
+    # was: gRPC's C-core log lines, then "cannot listen on ...: Failed to bind", exit 1
+    import trustme
+
+    ca = trustme.CA()
+    cert, key, bundle, text = (tmp_path / n for n in ("c.pem", "k.pem", "ca.pem", "t.txt"))
+    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(str(cert))
+    ca.issue_cert("localhost").private_key_pem.write_to_path(str(key))  # another cert's key
+    text.write_text("not a certificate\n")
+    pair = f"--tls-cert {text} / --tls-key {text}: not a PEM certificate chain and its key"
+    assert_refused(main("serve", "--tls-cert", str(text), "--tls-key", str(text)), pair)
+    mismatch = main("serve", "--tls-cert", str(cert), "--tls-key", str(key))
+    assert_refused(mismatch, f"--tls-cert {cert} / --tls-key {key}: not a PEM")
+    assert_refused(main("serve", "--tls-cert", str(cert)), "--tls-cert and --tls-key go together")
+    args = ["--tls-cert", str(bundle), "--tls-key", str(bundle), "--tls-client-ca", str(text)]
+    ca.cert_pem.write_to_path(str(bundle))
+    ca.private_key_pem.write_to_path(str(bundle), append=True)  # the CA's own chain and key
+    assert_refused(main("serve", *args), f"--tls-client-ca {text}: not a PEM CA bundle")
+
+
 def test_serve_accepts_ipv6_listen_and_zero_where_zero_means_something(tmp_path):
     ready = tmp_path / "ready"
     proc = subprocess.Popen(
