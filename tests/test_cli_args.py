@@ -161,6 +161,13 @@ def test_serve_refuses_tls_files_that_cannot_serve_before_it_binds(main, tmp_pat
     assert_refused(main("serve", *args), f"--tls-client-ca {text}: not a PEM CA bundle")
 
 
+def test_score_refuses_a_url_as_target_like_the_target_variable(main, tmp_path):
+    # was: "cannot connect to the bridge at http://127.0.0.1:50051 (refused?)", exit 1
+    rows, out = str(rows_file(tmp_path)), str(tmp_path / "out.jsonl")
+    done = main("score", rows, "-o", out, "--target", "http://127.0.0.1:50051")
+    assert_refused(done, "argument --target", "is a URL; a gRPC target is host:port")
+
+
 def test_serve_accepts_ipv6_listen_and_zero_where_zero_means_something(tmp_path):
     ready = tmp_path / "ready"
     proc = subprocess.Popen(
