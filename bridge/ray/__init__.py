@@ -1,4 +1,4 @@
-"""A bridge on every node of a Ray cluster (the `[ray]` extra: `pip install 'nemo-gym-grpc[ray]'`).
+"""A bridge on every node of a Ray cluster (the `[ray]` extra: `pip install '.[ray]'`).
 
     python -m nemo_gym_grpc.bridge.ray start -- --head-url http://10.0.0.1:11000 --token-file T
     python -m nemo_gym_grpc.bridge.ray status
