@@ -66,7 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """
     parser = argparse.ArgumentParser(prog="nemo-gym-grpc", description=__doc__.split("\n\n")[0])
     serve_cmd = add_serve_command(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # refused by `serve` with its usage, not by the top parser with its own
+        serve_cmd.error(f"unrecognized arguments: {' '.join(unknown)}")
     resolve(serve_cmd, args, [*BridgeConfig.flags(), *PROCESS_FLAGS])
     try:
         config = BridgeConfig.from_args(args)

@@ -168,6 +168,14 @@ def test_score_refuses_a_url_as_target_like_the_target_variable(main, tmp_path):
     assert_refused(done, "argument --target", "is a URL; a gRPC target is host:port")
 
 
+@pytest.mark.parametrize("command", [["serve"], ["score", "in.jsonl", "-o", "out.jsonl"]])
+def test_an_unknown_flag_is_refused_by_its_command_with_that_commands_usage(main, command):
+    # was: "usage: nemo-gym-grpc [-h] {serve} ..." and "nemo-gym-grpc: error: ..."
+    done = main(*command, "--bogus")
+    assert_refused(done, f"nemo-gym-grpc {command[0]}: error: unrecognized arguments: --bogus")
+    assert done.stderr.startswith(f"usage: nemo-gym-grpc {command[0]} ")
+
+
 def test_serve_accepts_ipv6_listen_and_zero_where_zero_means_something(tmp_path):
     ready = tmp_path / "ready"
     proc = subprocess.Popen(

@@ -165,7 +165,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_score_command(commands)
     _add_export_command(commands)
     _add_openrlhf_command(commands)
-    return top.parse_args(argv)
+    args, unknown = top.parse_known_args(argv)
+    if unknown:  # refused by the command, with its usage
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def refusal(args: argparse.Namespace) -> str | None:
