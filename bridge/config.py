@@ -342,10 +342,13 @@ def check_tls(config: BridgeConfig) -> None:
     if ca and not cert:
         raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    flags, what = f"--tls-cert {cert} / --tls-key {key}", "a PEM certificate chain and its key"
+    flags, what = (
+        f"--tls-cert {cert} / --tls-key {key}",
+        "a PEM certificate chain and its unencrypted key",
+    )
     try:
         if cert and key:
-            context.load_cert_chain(cert, key)
+            context.load_cert_chain(cert, key, password=b"")  # no prompt: gRPC takes none
         flags, what = f"--tls-client-ca {ca}", "a PEM CA bundle"
         if ca:
             context.load_verify_locations(cafile=ca)
