@@ -342,10 +342,7 @@ def check_tls(config: BridgeConfig) -> None:
     if ca and not cert:
         raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    flags, what = (
-        f"--tls-cert {cert} / --tls-key {key}",
-        "a PEM certificate chain and its unencrypted key",
-    )
+    flags, what = f"--tls-cert {cert} / --tls-key {key}", "a PEM chain and its unencrypted key"
     try:
         if cert and key:
             context.load_cert_chain(cert, key, password=b"")  # no prompt: gRPC takes none

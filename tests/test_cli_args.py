@@ -150,9 +150,7 @@ def test_serve_refuses_tls_files_that_cannot_serve_before_it_binds(main, tmp_pat
     ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(str(cert))
     ca.issue_cert("localhost").private_key_pem.write_to_path(str(key))  # another cert's key
     text.write_text("not a certificate\n")
-    pair = (
-        f"--tls-cert {text} / --tls-key {text}: not a PEM certificate chain and its unencrypted key"
-    )
+    pair = f"--tls-cert {text} / --tls-key {text}: not a PEM chain and its unencrypted key"
     assert_refused(main("serve", "--tls-cert", str(text), "--tls-key", str(text)), pair)
     mismatch = main("serve", "--tls-cert", str(cert), "--tls-key", str(key))
     assert_refused(mismatch, f"--tls-cert {cert} / --tls-key {key}: not a PEM")
