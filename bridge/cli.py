@@ -14,7 +14,7 @@ import sys
 
 from pythonjsonlogger.json import JsonFormatter
 
-from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure, check_limits
+from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure, check_limits, check_tls
 from nemo_gym_grpc.bridge.flags import Flag, add_flags, log_level, positive_int, resolve
 from nemo_gym_grpc.bridge.server import run
 from nemo_gym_grpc.bridge.workers import run_workers
@@ -61,14 +61,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     Raises:
         SystemExit: 2 (with a one-line message) for a bad flag or environment value, or
-            options that contradict each other (`check_limits`); 0 for `--help`.
+            options that contradict each other (`check_limits`), TLS files that cannot
+            serve (`check_tls`); 0 for `--help`.
     """
     parser = argparse.ArgumentParser(prog="nemo-gym-grpc", description=__doc__.split("\n\n")[0])
     serve_cmd = add_serve_command(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # refused by `serve` with its usage, not by the top parser with its own
+        serve_cmd.error(f"unrecognized arguments: {' '.join(unknown)}")
     resolve(serve_cmd, args, [*BridgeConfig.flags(), *PROCESS_FLAGS])
     try:
-        check_limits(BridgeConfig.from_args(args))
+        config = BridgeConfig.from_args(args)
+        check_limits(config)
+        check_tls(config)
     except ValueError as exc:
         serve_cmd.error(str(exc))
     return args

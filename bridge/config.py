@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,10 +241,7 @@ class BridgeConfig:
         metavar="SECONDS",
     )
     tls_cert: Path | None = option(
-        "--tls-cert",
-        "PEM certificate chain (TLS; with --tls-key)",
-        type=readable_file,
-        metavar="PATH",
+        "--tls-cert", "PEM certificate chain (with --tls-key)", type=readable_file, metavar="PATH"
     )
     tls_key: Path | None = option(
         "--tls-key", "PEM private key (TLS)", type=readable_file, metavar="PATH"
@@ -331,16 +329,36 @@ def is_loopback(listen: str) -> bool:
         return False
 
 
+def check_tls(config: BridgeConfig) -> None:
+    """Refuse TLS files that cannot serve: half a pair, a client CA without one, or files that
+    `ssl` (OpenSSL, as gRPC's) cannot load as a PEM chain with its key or as a CA bundle.
+
+    Raises:
+        ValueError: naming the flags (and what `ssl` said).
+    """
+    cert, key, ca = config.tls_cert, config.tls_key, config.tls_client_ca
+    if bool(cert) != bool(key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if ca and not cert:
+        raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    flags, what = f"--tls-cert {cert} / --tls-key {key}", "a PEM chain and its unencrypted key"
+    try:
+        if cert and key:
+            context.load_cert_chain(cert, key, password=b"")  # no prompt: gRPC takes none
+        flags, what = f"--tls-client-ca {ca}", "a PEM CA bundle"
+        if ca:
+            context.load_verify_locations(cafile=ca)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ValueError(f"{flags}: not {what} ({exc})") from None
+
+
 def check_exposure(config: BridgeConfig) -> None:
     """Refuse a non-loopback listen address with neither TLS nor a token, unless insecure.
 
     Raises:
-        ValueError: naming the address and the flags that allow it; also for half a TLS pair.
+        ValueError: naming the address and the flags that allow it.
     """
-    if bool(config.tls_cert) != bool(config.tls_key):
-        raise ValueError("--tls-cert and --tls-key go together")
-    if config.tls_client_ca and not config.tls_cert:
-        raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
     if is_loopback(config.listen) or config.tls_cert or config.token or config.insecure:
         return
     raise ValueError(

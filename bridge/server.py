@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure, check_limits
+from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure, check_limits, check_tls
 from nemo_gym_grpc.bridge.contract import SERVICES
 from nemo_gym_grpc.bridge.health import NOT_SERVING, Readiness
 from nemo_gym_grpc.bridge.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
@@ -103,7 +103,7 @@ async def build(config: BridgeConfig, client: http.Client) -> Bridge:
     """Wire a bridge for `config` on the running event loop: routing tables (resources
     servers; agents and environment servers), interceptors (token auth, stream limit),
     metrics, the verify and run flows, services (VerifyService, RolloutService, health,
-    reflection) and the bound port. `config` is taken as checked (`check_exposure`,
+    reflection) and the bound port. `config` is taken as checked (`check_tls`, `check_exposure`,
     `check_limits`); `client` carries every upstream call.
 
     Raises:
@@ -279,11 +279,12 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
     to finish, then the rest are cancelled.
 
     Raises:
-        ValueError: an unsafe or inconsistent exposure or limits (`check_exposure`,
-            `check_limits`).
+        ValueError: an unsafe or inconsistent exposure, limits or TLS files
+            (`check_exposure`, `check_limits`, `check_tls`).
         RuntimeError: the listen address cannot be bound.
         OSError: the metrics address cannot be bound, or a TLS file cannot be read.
     """
+    check_tls(config)
     check_exposure(config)
     check_limits(config)
     stop = stop or asyncio.Event()

@@ -169,10 +169,7 @@ class Verifier:
                 when the replica's `/reverify_mode` is "unsupported" and the `/verify`
                 request may have reached it.
         """
-        wait = capabilities.LEARN_TIMEOUT
-        if deadline is not None:
-            wait = min(wait, attempts.time_left(deadline))
-        caps = await self.capabilities.of(replica.url, wait)
+        caps = await self._learned(replica, deadline)
         base = replica.url  # + the rollout prefix: where this attempt's routes are
         if self._correlate and caps.correlation:
             base += correlation.rollout_prefix(call.request_id, attempt)
@@ -207,6 +204,25 @@ class Verifier:
             reports.attach(exc, reply.failure_report)
             _no_reverify(exc, caps, sent=True)
             raise
+
+    async def _learned(self, replica: Replica, deadline: float | None) -> capabilities.Capabilities:
+        """What `replica` supports, waiting for it at most `capabilities.LEARN_TIMEOUT` and
+        what the RPC `deadline` leaves (`attempts.time_left`).
+
+        Raises:
+            attempts.NotSent: the RPC deadline (less its margin) passed while waiting.
+        """
+        wait = capabilities.LEARN_TIMEOUT
+        if deadline is not None:
+            wait = min(wait, attempts.time_left(deadline))
+        caps = await self.capabilities.of(replica.url, wait)
+        if deadline is not None and attempts.time_left(deadline) <= 0:
+            raise attempts.deadline_passed(
+                f"while learning what {replica.url} supports (GET /openapi.json; an item "
+                f"waits for it at most {capabilities.LEARN_TIMEOUT:g} s)",
+                upstreamUrl=replica.url,
+            )
+        return caps
 
     async def _seed(
         self,

@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 
 import aiohttp
 import pytest
@@ -301,6 +302,22 @@ async def test_an_openapi_that_never_answers_costs_one_bounded_wait_then_legacy(
             await bridge.aclose()
     assert result.reward == 1.0 and took < 2.0
     assert server.routes() == [(None, "/seed_session"), (None, "/verify")]  # legacy, no close
+
+
+async def test_a_deadline_spent_learning_the_replica_says_so_not_a_slot_wait(monkeypatch):
+    # was: "the RPC deadline passed while waiting 0.000 s for a free slot" (no slot was awaited)
+    async with Stand7(openapi(TYPED, "/close_session")) as server:
+        server.openapi_hang = True
+        async with aiohttp.ClientSession() as session:
+            bridge = verifier(session, server.url)
+            bridge.capabilities = capabilities.Catalog(session, timeout=5.0)
+            deadline = time.monotonic() + 0.3
+            result = await bridge.verify(item("r", seed=False), deadline)
+            await bridge.aclose()
+    assert result.WhichOneof("outcome") == "error", result
+    assert result.error.code == 4  # DEADLINE_EXCEEDED
+    assert f"while learning what {server.url} supports (GET /openapi.json" in result.error.message
+    assert "slot" not in result.error.message and server.seen == []
 
 
 async def test_an_item_without_a_session_on_a_stateful_server_is_counted_and_warned(caplog):

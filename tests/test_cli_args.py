@@ -141,6 +141,41 @@ def test_serve_refuses_a_tls_file_it_cannot_read(main, tmp_path, flag):
     assert_refused(main("serve", flag, str(tmp_path)), f"argument {flag}", str(tmp_path))
 
 
+def test_serve_refuses_tls_files_that_cannot_serve_before_it_binds(main, tmp_path):
+    # was: gRPC's C-core log lines, then "cannot listen on ...: Failed to bind", exit 1
+    import trustme
+
+    ca = trustme.CA()
+    cert, key, bundle, text = (tmp_path / n for n in ("c.pem", "k.pem", "ca.pem", "t.txt"))
+    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(str(cert))
+    ca.issue_cert("localhost").private_key_pem.write_to_path(str(key))  # another cert's key
+    text.write_text("not a certificate\n")
+    pair = f"--tls-cert {text} / --tls-key {text}: not a PEM chain and its unencrypted key"
+    assert_refused(main("serve", "--tls-cert", str(text), "--tls-key", str(text)), pair)
+    mismatch = main("serve", "--tls-cert", str(cert), "--tls-key", str(key))
+    assert_refused(mismatch, f"--tls-cert {cert} / --tls-key {key}: not a PEM")
+    assert_refused(main("serve", "--tls-cert", str(cert)), "--tls-cert and --tls-key go together")
+    args = ["--tls-cert", str(bundle), "--tls-key", str(bundle), "--tls-client-ca", str(text)]
+    ca.cert_pem.write_to_path(str(bundle))
+    ca.private_key_pem.write_to_path(str(bundle), append=True)  # the CA's own chain and key
+    assert_refused(main("serve", *args), f"--tls-client-ca {text}: not a PEM CA bundle")
+
+
+def test_score_refuses_a_url_as_target_like_the_target_variable(main, tmp_path):
+    # was: "cannot connect to the bridge at http://127.0.0.1:50051 (refused?)", exit 1
+    rows, out = str(rows_file(tmp_path)), str(tmp_path / "out.jsonl")
+    done = main("score", rows, "-o", out, "--target", "http://127.0.0.1:50051")
+    assert_refused(done, "argument --target", "is a URL; a gRPC target is host:port")
+
+
+@pytest.mark.parametrize("command", [["serve"], ["score", "in.jsonl", "-o", "out.jsonl"]])
+def test_an_unknown_flag_is_refused_by_its_command_with_that_commands_usage(main, command):
+    # was: "usage: nemo-gym-grpc [-h] {serve} ..." and "nemo-gym-grpc: error: ..."
+    done = main(*command, "--bogus")
+    assert_refused(done, f"nemo-gym-grpc {command[0]}: error: unrecognized arguments: --bogus")
+    assert done.stderr.startswith(f"usage: nemo-gym-grpc {command[0]} ")
+
+
 def test_serve_accepts_ipv6_listen_and_zero_where_zero_means_something(tmp_path):
     ready = tmp_path / "ready"
     proc = subprocess.Popen(

@@ -114,7 +114,7 @@ def test_verl_parquet_needs_the_parquet_extra_and_says_so(
     out = tmp_path / "out.parquet"
     argv = ["export", str(mcqa_jsonl), "-o", str(out), "--format", "verl", "--server", "mcqa"]
     assert cli_main(argv) == 1
-    assert "pip install 'nemo-gym-grpc[parquet]'" in capsys.readouterr().err
+    assert "the [parquet] extra: pip install '.[parquet]' in a clone" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -131,3 +131,19 @@ def test_a_sync_ray_call_goes_on_the_own_bridges_channel_while_it_answers(monkey
         assert channels.shared("ray:") is home
     finally:
         server.stop(None)
+
+
+def test_the_fleet_command_without_ray_says_what_to_install_in_one_line():
+    # was: a traceback ending in "ModuleNotFoundError: No module named 'ray'"
+    hide_ray = (
+        "import runpy, sys; sys.modules['ray'] = None; sys.argv = ['ray', 'status']; "
+        "runpy.run_module('nemo_gym_grpc.bridge.ray', run_name='__main__')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", hide_ray], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "python -m nemo_gym_grpc.bridge.ray needs Ray 2.60, the [ray] extra: "
+        "pip install '.[ray]' in a clone of nemo-gym-grpc"
+    ]

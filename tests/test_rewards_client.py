@@ -265,9 +265,8 @@ def test_score_fails_at_once_when_the_target_refuses_the_connection(tmp_path):
     env = {**os.environ, settings.CONNECT_TIMEOUT_ENV: "600"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
-    assert f"nemo-gym-grpc score: cannot connect to the bridge at {target} (refused?)" in (
-        done.stderr
-    )
+    refused = f"cannot connect to the bridge at {target} (refused?; a bridge serving TLS needs "
+    assert f"nemo-gym-grpc score: {refused}{settings.CA_ENV})" in done.stderr
     assert not out.exists() or out.read_text() == ""
 
 

@@ -199,6 +199,14 @@ def test_missing_resources_server_ref_column_is_a_value_error():
         _batch(2, resources_server_refs=None)
 
 
+def test_a_verify_extra_of_json_text_is_the_row_it_holds_as_rollout_func_takes_it():
+    # was: sent as a JSON string, so the bridge failed it: "row_json must be a JSON object"
+    batch = _batch(3, verify_extras=['{"expected_answer": "B"}', {"expected_answer": "C"}, "B"])
+    rows = [json.loads(r.row_json) for r in batch.requests]
+    # text that is not JSON travels as a JSON string, which the bridge fails alone
+    assert rows == [{"expected_answer": "B"}, {"expected_answer": "C"}, "B"]
+
+
 def test_a_row_json_cannot_represent_is_a_type_error_naming_the_item():
     with pytest.raises(TypeError, match=r"verify_extra\[1\]"):
         _batch(2, verify_extras=[{}, {"raw": b"bytes"}])

@@ -64,6 +64,16 @@ def test_a_url_as_the_grpc_target_is_refused_at_once(monkeypatch, value):
         settings.target()
 
 
+def test_a_url_as_a_target_keyword_is_refused_at_once(monkeypatch):
+    # was: run_rollouts(target="http://...") waited for a connection that could never come
+    from nemo_gym_grpc.rewards.client.stream import Route
+
+    monkeypatch.delenv(settings.TARGET_ENV, raising=False)
+    with pytest.raises(ValueError, match="^target='http://127.0.0.1:50051' is a URL; a gRPC"):
+        Route.resolve(target="http://127.0.0.1:50051", timeout=1.0)
+    assert Route.resolve(target="127.0.0.1:50051", timeout=1.0).target == "127.0.0.1:50051"
+
+
 def test_policy_env_values_are_read_and_checked(monkeypatch):
     monkeypatch.setenv(settings.ON_ERROR_ENV, " Zero ")
     monkeypatch.setenv(settings.MAX_FAILURE_FRACTION_ENV, "1")

@@ -16,7 +16,13 @@ import json
 import logging
 import sys
 
-import ray
+try:
+    import ray
+except ModuleNotFoundError:  # one line, not a traceback: the [ray] extra is not installed
+    sys.exit(
+        "python -m nemo_gym_grpc.bridge.ray needs Ray 2.60, the [ray] extra: "
+        "pip install '.[ray]' in a clone of nemo-gym-grpc"
+    )
 
 from nemo_gym_grpc.bridge.flags import non_negative_float, positive_int
 from nemo_gym_grpc.bridge.ray.fleet import (

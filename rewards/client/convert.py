@@ -197,16 +197,23 @@ def json_object(text: str | bytes, what: str) -> dict[str, Any]:
 def row_json(extra: Any, index: int) -> str:
     """`verify_extra[index]` (the dataset row) as JSON text for `VerifyRequest.row_json`.
 
-    None gives "" (no row). Anything else is dumped as is, ASCII-escaped, so any Python text
-    can travel; the bridge drops None values and fails that item alone (INVALID_ARGUMENT /
-    INVALID_ITEM) when the value is not a JSON object, holds NaN/Infinity, or holds a lone
-    surrogate escape ("\\ud800": dataset text that is not Unicode).
+    None gives "" (no row). Text is taken as the row's JSON text (as the `rollout_func` takes
+    it: a column of JSON text keeps Arrow from filling other rows' keys in with None) and
+    decoded first. Anything else is dumped as is, ASCII-escaped, so any Python text can travel;
+    the bridge drops None values and fails that item alone (INVALID_ARGUMENT / INVALID_ITEM)
+    when the value is not a JSON object (text that is not JSON included), holds NaN/Infinity,
+    or holds a lone surrogate escape ("\\ud800": dataset text that is not Unicode).
 
     Raises:
         TypeError: the row holds a value JSON cannot represent (e.g. bytes, datetime).
     """
     if extra is None:
         return ""
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra)
+        except ValueError:
+            pass  # sent as a JSON string, which the bridge refuses for this item alone
     try:
         return json.dumps(extra)
     except (TypeError, ValueError) as exc:

@@ -87,7 +87,8 @@ def _connected_ray() -> Any:
         import ray
     except ImportError:
         raise ValueError(
-            "NEMO_GYM_GRPC_TARGET=ray: needs Ray: pip install 'nemo-gym-grpc[ray]'"
+            "NEMO_GYM_GRPC_TARGET=ray: needs Ray, the [ray] extra: pip install '.[ray]' in a "
+            "clone of nemo-gym-grpc"
         ) from None
     with _init_lock:
         if not ray.is_initialized():

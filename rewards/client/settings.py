@@ -125,9 +125,19 @@ def target() -> str | None:
         ValueError: the value is a URL ("http://..."), not a gRPC target.
     """
     text = env_text(TARGET_ENV)
-    if text is not None and urlsplit(text).scheme in ("http", "https", "grpc", "grpcs"):
+    return None if text is None else check_target(text, TARGET_ENV)
+
+
+def check_target(text: str, source: str) -> str:
+    """`text` if it can be a gRPC target (`NEMO_GYM_GRPC_TARGET`, a `target=` keyword,
+    `score --target`).
+
+    Raises:
+        ValueError: `text` is a URL ("http://..."); the message names `source`.
+    """
+    if urlsplit(text).scheme in ("http", "https", "grpc", "grpcs"):
         raise ValueError(
-            f"{TARGET_ENV}={text!r} is a URL; a gRPC target is host:port (e.g. "
+            f"{source}={text!r} is a URL; a gRPC target is host:port (e.g. "
             "127.0.0.1:50051), ipv4:A:P,B:P or dns:///name:port"
         )
     return text

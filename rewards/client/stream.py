@@ -328,9 +328,9 @@ class Route:
         security and connect wait from the environment (`settings.py`), read now.
 
         Raises:
-            ValueError: an environment variable holds an invalid value (the message names it).
+            ValueError: `target` or an environment variable is invalid (the message names it).
         """
-        configured = target or settings.target()
+        configured = settings.check_target(target, "target") if target else settings.target()
         if configured is None:
             return cls.to_embedded(spec, timeout)
         return cls(configured, spec, settings.security(), timeout, settings.connect_timeout())

@@ -55,6 +55,7 @@ def _add_score_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     where = cmd.add_mutually_exclusive_group()
     where.add_argument(
         "--target",
+        type=_target,
         help=f"gRPC target of a running bridge (default: env {settings.TARGET_ENV}; "
         "unset = start an embedded bridge)",
     )
@@ -83,6 +84,16 @@ def _add_score_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
         f"else {settings.DEFAULT_BATCH_TIMEOUT:g})",
     )
     cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _target(text: str) -> str:
+    """`score --target`: a gRPC target, not a URL (`settings.check_target`)."""
+    from nemo_gym_grpc.rewards.client import settings
+
+    try:
+        return settings.check_target(text, "--target")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _score_server(text: str) -> tuple[str, str | None]:
@@ -154,7 +165,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_score_command(commands)
     _add_export_command(commands)
     _add_openrlhf_command(commands)
-    return top.parse_args(argv)
+    args, unknown = top.parse_known_args(argv)
+    if unknown:  # refused by the command, with its usage
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def refusal(args: argparse.Namespace) -> str | None:

@@ -18,7 +18,7 @@ each `input` message; a plain-text `input` is one user message) and the row's
 The server of a row is its `resources_server_ref.name`, else `--server`. OUT's folder must
 exist (as for `score`); an input without rows, and a row without a server or a prompt, are
 refused (naming the line) rather than exported as nothing or as an empty prompt. verl's
-parquet needs pyarrow: `pip install 'nemo-gym-grpc[parquet]'`.
+parquet needs pyarrow (the `[parquet]` extra).
 """
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ def write_records(records: list[dict[str, Any]], path: Path, fmt: str) -> None:
             import pyarrow.parquet as pq  # type: ignore[import-untyped]
         except ImportError:
             raise RuntimeError(
-                "--format verl writes parquet, which needs pyarrow: "
-                "pip install 'nemo-gym-grpc[parquet]'"
+                "--format verl writes parquet, which needs pyarrow, the [parquet] extra: "
+                "pip install '.[parquet]' in a clone of nemo-gym-grpc"
             ) from None
         pq.write_table(pa.Table.from_pylist(records), path)
         return

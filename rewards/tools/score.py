@@ -138,7 +138,8 @@ async def _connected(channel: grpc.aio.Channel) -> bool:
 
 async def _unready(route: Route, target: str, stop: asyncio.Event) -> str | None:
     """None once the bridge at `target` accepts a connection; else why not (it failed at
-    once, or nothing within the connect timeout), or "" when `stop` was set first."""
+    once: refused, or a failed TLS handshake; or nothing within the connect timeout), or ""
+    when `stop` was set first."""
     async with channels.aio_channel(target, route.security) as channel:
         waits = [asyncio.ensure_future(_connected(channel)), asyncio.ensure_future(stop.wait())]
         done, _ = await asyncio.wait(
@@ -149,7 +150,11 @@ async def _unready(route: Route, target: str, stop: asyncio.Event) -> str | None
         await asyncio.gather(*waits, return_exceptions=True)
     if waits[0] in done:
         connected = waits[0].result()
-        return None if connected else f"cannot connect to the bridge at {target} (refused?)"
+        if connected:
+            return None
+        plain = route.target and not route.security.ca  # a configured bridge, in plaintext
+        hint = f"; a bridge serving TLS needs {settings.CA_ENV}" if plain else ""
+        return f"cannot connect to the bridge at {target} (refused?{hint})"
     if stop.is_set():
         return ""
     return (
