@@ -10,7 +10,6 @@ Prometheus metrics over real HTTP for its counters.
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import pytest
@@ -18,6 +17,7 @@ from google.rpc import code_pb2
 
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port
+from tests.support.fault_matrix import wait_until
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.items import mcqa_item as item
 from tests.support.prometheus_scrape import metrics_url, scrape, value, wait_for
@@ -40,15 +40,6 @@ def replicas(nemo_gym):
 def no_faults(replicas):
     for proxy in replicas:
         proxy.set_faults()
-
-
-def wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def rewarded(result: verify_pb2.VerifyResponse) -> bool:
