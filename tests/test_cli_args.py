@@ -257,6 +257,22 @@ def test_score_refuses_an_output_it_cannot_write_before_scoring(main, tmp_path):
         assert_refused(done, "-o/--output", needle)
 
 
+@pytest.mark.parametrize("name", ["NEMO_GYM_GRPC_BATCH_TIMEOUT", "NEMO_GYM_GRPC_CONNECT_TIMEOUT"])
+def test_score_refuses_a_bad_timeout_variable_before_scoring(main, tmp_path, monkeypatch, name):
+    monkeypatch.setenv(name, "soon")
+    done = main("score", str(rows_file(tmp_path)), "-o", str(tmp_path / "out.jsonl"))
+    assert_refused(done, "nemo-gym-grpc score: error:", name)
+
+
+def test_score_does_not_read_the_batch_timeout_variable_when_its_flag_is_given(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("NEMO_GYM_GRPC_BATCH_TIMEOUT", "soon")
+    rows, out = str(rows_file(tmp_path)), str(tmp_path / "out.jsonl")
+    args = top_cli.parse_args(["score", rows, "-o", out, "--batch-timeout", "5"])
+    assert top_cli.refusal(args) is None
+
+
 # --- environment fallback ----------------------------------------------------------------
 
 

@@ -173,15 +173,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def refusal(args: argparse.Namespace) -> str | None:
     """Why arguments that parsed cannot run, checked before any work: an OUT of `score` or
-    `export` that cannot be written, `score --server NAME=URL` with `--target`; else None."""
+    `export` that cannot be written, `score --server NAME=URL` with `--target`, a timeout
+    variable `score` reads that holds no number of seconds; else None."""
     problem = output_problem(args.output) if args.command in ("score", "export") else None
     if problem:
         return f"-o/--output: {problem}"
-    if args.command == "score" and args.server and args.server[1] and args.target:
+    if args.command != "score":
+        return None
+    if args.server and args.server[1] and args.target:
         return (
             "--server NAME=URL routes NAME through an embedded bridge; --target names a "
             "running one: give --server NAME with --target"
         )
+    from nemo_gym_grpc.rewards.client import settings
+
+    try:
+        if args.batch_timeout is None:
+            settings.batch_timeout()
+        settings.connect_timeout()
+    except ValueError as exc:  # the message names the variable
+        return str(exc)
     return None
 
 
