@@ -4,7 +4,8 @@ does to the upstream connection, connection reuse at 16,384 in flight, and wheth
 can be told from "sent, then dropped".
 
     .venv/bin/pip install pyreqwest==0.15.1 pyqwest==0.12.0 niquests==3.21.2
-    .venv/bin/python benchmarks/experiments/http_clients.py --rounds 5 --out /tmp/clients.json
+    .venv/bin/python -m benchmarks.experiments.http_clients --rounds 5 \
+        --out benchmarks/results/experiments/http_clients.json
 
 Every measurement runs in a fresh child process (uvloop) per way, against
 benchmarks/upstream.py (zero latency) or a loopback server of this script; every server is
@@ -27,9 +28,6 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]
 
 WAYS = ["aiohttp", "aiohttp-trim", "pyreqwest", "pyqwest", "niquests", "plain"]
 BODY = b'{"responses_create_params": {"input": "' + b"q" * 2900 + b'"}, "response": {}}'
@@ -246,7 +244,17 @@ def child(args: argparse.Namespace) -> None:
 
 
 def measure(way: str, test: str, url: str, count: int, concurrency: int = 256) -> dict:
-    command = [sys.executable, __file__, "--child", "--way", way, "--test", test, "--url", url]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.experiments.http_clients",
+        "--child",
+        "--way",
+        way,
+        "--test",
+        test,
+    ]
+    command += ["--url", url]
     command += ["--count", str(count), "--concurrency", str(concurrency)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
@@ -265,7 +273,7 @@ def spread(values: list[float], digits: int = 2) -> str:
 
 
 def cpu_rounds(ways: list[str], rounds: int, count: int) -> list[dict]:
-    import procs
+    from benchmarks import procs
 
     out = []
     with procs.Upstream(0.0) as up:
@@ -302,7 +310,7 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
-    import procs
+    from benchmarks import procs
 
     ways = args.ways.split(",")
     result: dict = {"cpu": cpu_rounds(ways, args.rounds, args.count), "ways": {}}
