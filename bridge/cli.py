@@ -15,7 +15,14 @@ import sys
 from pythonjsonlogger.json import JsonFormatter
 
 from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure, check_limits, check_tls
-from nemo_gym_grpc.bridge.flags import Flag, add_flags, log_level, positive_int, resolve
+from nemo_gym_grpc.bridge.flags import (
+    Flag,
+    add_flags,
+    log_level,
+    parse_command,
+    positive_int,
+    resolve,
+)
 from nemo_gym_grpc.bridge.server import run
 from nemo_gym_grpc.bridge.workers import run_workers
 
@@ -65,10 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             serve (`check_tls`); 0 for `--help`.
     """
     parser = argparse.ArgumentParser(prog="nemo-gym-grpc", description=__doc__.split("\n\n")[0])
-    serve_cmd = add_serve_command(parser.add_subparsers(dest="command", required=True))
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:  # refused by `serve` with its usage, not by the top parser with its own
-        serve_cmd.error(f"unrecognized arguments: {' '.join(unknown)}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_cmd = add_serve_command(commands)
+    args = parse_command(parser, commands, argv)
     resolve(serve_cmd, args, [*BridgeConfig.flags(), *PROCESS_FLAGS])
     try:
         config = BridgeConfig.from_args(args)

@@ -162,6 +162,21 @@ def resolve(
 # --- value types -------------------------------------------------------------------------
 
 
+def parse_command(
+    top: argparse.ArgumentParser, commands: argparse._SubParsersAction, argv: list[str] | None
+) -> argparse.Namespace:
+    """`top.parse_args(argv)`, except that arguments no parser knows are refused by the
+    command given (`commands`, the subparsers of `top`), with that command's usage.
+
+    Raises:
+        SystemExit: 2 with a one-line message for bad arguments; 0 for `--help`.
+    """
+    args, unknown = top.parse_known_args(argv)
+    if unknown:
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1."""
     try:

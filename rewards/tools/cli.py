@@ -23,6 +23,7 @@ from nemo_gym_grpc.bridge import cli as bridge_cli
 from nemo_gym_grpc.bridge.flags import (
     http_url,
     non_negative_float,
+    parse_command,
     positive_float,
     positive_int,
     server_entry,
@@ -165,10 +166,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_score_command(commands)
     _add_export_command(commands)
     _add_openrlhf_command(commands)
-    args, unknown = top.parse_known_args(argv)
-    if unknown:  # refused by the command, with its usage
-        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
-    return args
+    return parse_command(top, commands, argv)
 
 
 def refusal(args: argparse.Namespace) -> str | None:
