@@ -11,7 +11,11 @@ JSON lines to <output_dir>/observed.jsonl:
 - {"scored": {"rewards_per_func": [[...]], "advantages": [...]}}: every batch the trainer
   scored: the reward matrix its advantages were computed from (completions x reward
   functions, after every plugin's wrapping) and the advantages it trains with;
-- {"log": {...}}: every metrics dict the trainer logs (`on_log`).
+- {"log": {...}}: every metrics dict the trainer logs (`on_log`);
+- {"dataloader_workers": {"args": N, "prompts": N}}: the trainer's `dataloader_num_workers`
+  and the data producer's prompt DataLoader's `num_workers` (None without a producer);
+- {"forks": N}: at the end of training, how many times the process forked (`os.fork`, as a
+  DataLoader worker starts; not subprocesses) since the trainer was made.
 It also defines `alternating_reward`, a user's own reward function the tests list next to
 NeMo Gym's.
 Runs in the axolotl venv (tests/support/axolotl_venv.py), imported as `tests.axolotl_observer`.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -146,9 +151,17 @@ def _record_scoring(trainer: Any, writer: _Writer) -> None:
 class _LogCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(self, writer: _Writer) -> None:
         self.writer = writer
+        self.forks = 0
+        os.register_at_fork(before=self._forking)
+
+    def _forking(self) -> None:
+        self.forks += 1
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         self.writer.write({"log": dict(logs or {})})
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.writer.write({"forks": self.forks})
 
 
 class ObserverPlugin(BasePlugin):  # type: ignore[misc]
@@ -172,6 +185,9 @@ class ObserverPlugin(BasePlugin):  # type: ignore[misc]
         inner = getattr(producer, "_inner", producer)
         if inner is not None:
             inner.produce = _recording_produce(inner.produce, writer)
+        prompts = getattr(getattr(inner, "_prompt_dl", None), "num_workers", None)
+        workers = {"args": trainer.args.dataloader_num_workers, "prompts": prompts}
+        writer.write({"dataloader_workers": workers})
 
     def add_callbacks_post_trainer(self, cfg: Any, trainer: Any) -> list[Any]:
         return [_LogCallback(self._writer(cfg))]

@@ -108,6 +108,14 @@ def train(python: Path, workdir: Path, config: dict[str, Any], head_url: str) ->
     return [json.loads(line) for line in observed.read_text().splitlines()]
 
 
+def check_nothing_forks(records: list[dict], prompt_loader: bool) -> None:
+    """No DataLoader of the run has worker processes, and the process never forked while it
+    trained (a worker forked under live gRPC channels made runs exit 1 after saving)."""
+    workers = [r["dataloader_workers"] for r in records if "dataloader_workers" in r]
+    assert workers == [{"args": 0, "prompts": 0 if prompt_loader else None}]
+    assert [r["forks"] for r in records if "forks" in r] == [0]
+
+
 def logged_means(records: list[dict]) -> list[float]:
     """The trainer's logged `rewards/nemo_gym/mean`, one per step."""
     key = "rewards/nemo_gym/mean"
@@ -189,6 +197,7 @@ def test_single_turn_grpo_scores_through_the_bridge_once_and_a_failed_row_is_nan
     # the failed row's group: the user's reward differs, NeMo Gym's is missing: it must not train
     differ, _ = check_what_trains(records)
     assert differ == 2
+    check_nothing_forks(records, prompt_loader=False)
 
 
 def multi_turn_rows(venv: Path) -> list[dict[str, Any]]:
@@ -262,3 +271,8 @@ def test_multi_turn_rollouts_feed_axolotls_data_producer_and_failures_are_nan_an
     # the masked and unknown-agent groups get none although the user's function scored them
     differ, mixed = check_what_trains(records)
     assert (differ, mixed) == (2 * 4 + 2, 1)  # per batch 2 groups of 2, and the mixed one
+    check_nothing_forks(records, prompt_loader=True)
+    # with async_prefetch, step 2's batch was prefetched when training ended: always dropped
+    # (cancelled, or finished unused), and said so; nothing else ran on after the last step
+    ended = (tmp_path / "train.log").read_text().count("NeMo Gym: training ended")
+    assert ended == (1 if async_prefetch else 0)

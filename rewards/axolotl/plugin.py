@@ -22,6 +22,9 @@ The bridge: `NEMO_GYM_GRPC_TARGET` when set, else an embedded one discovering th
 server at 127.0.0.1:`nemo_gym_head_port` (where axolotl's plugin finds it too). Multi-turn
 also sets `trl.use_data_producer: true` (axolotl chooses its async GRPO trainer from the
 config before any plugin hook could), so the YAML needs nothing more than axolotl's keys.
+
+No DataLoader forks worker processes (`get_training_args`), and the data producer stops when
+training ends (`stop_production`): a run ends with exit 0 once its model is saved.
 """
 
 from __future__ import annotations
@@ -31,9 +34,14 @@ from typing import Any
 
 from axolotl.core.trainers.grpo.async_trainer import AsyncDataProducer
 from axolotl.integrations.nemo_gym.plugin import NemoGymPlugin as AxolotlNemoGymPlugin
+from transformers import TrainerCallback
 
 from nemo_gym_grpc.rewards.axolotl import advantages
-from nemo_gym_grpc.rewards.axolotl.producer import NemoGymDataProducer, RolloutSettings
+from nemo_gym_grpc.rewards.axolotl.producer import (
+    NemoGymDataProducer,
+    RolloutSettings,
+    stop_production,
+)
 from nemo_gym_grpc.rewards.axolotl.wiring import install_reward
 from nemo_gym_grpc.rewards.client import embedded, settings
 from nemo_gym_grpc.rewards.trl.functions import create_nemo_gym_reward_fn, reward_env
@@ -68,6 +76,20 @@ class NemoGymPlugin(AxolotlNemoGymPlugin):
             if not trl.get("use_data_producer"):
                 trl["use_data_producer"] = True
                 log.info("NeMo Gym multi-turn: trl.use_data_producer set (axolotl's data producer)")
+
+    def get_training_args(self, cfg: Any) -> dict[str, Any] | None:
+        """axolotl's training arguments, plus `dataloader_num_workers: 0` (and no
+        `dataloader_prefetch_factor`) when NeMo Gym is on.
+
+        axolotl's plugin means that too (it sets `cfg.dataloader_num_workers = 0` here), but
+        axolotl has read the value before this hook, so its default 1 stayed: the data
+        producer's prompt DataLoader forked a worker from the prefetch thread, in a process
+        with live gRPC channels and threads, and runs exited 1 after saving the model.
+        """
+        args = dict(super().get_training_args(cfg) or {})
+        if cfg.get("nemo_gym_enabled"):  # (a prefetch factor is refused without workers)
+            args.update(dataloader_num_workers=0, dataloader_prefetch_factor=None)
+        return args or None
 
     def bridge_target(self, verify_timeout: float) -> str:
         """The bridge's gRPC target: `NEMO_GYM_GRPC_TARGET`, else an embedded bridge over the
@@ -132,9 +154,20 @@ class NemoGymPlugin(AxolotlNemoGymPlugin):
             )
         else:
             trainer.data_producer = producer
+        trainer.add_callback(_EndProduction(trainer))
         install_reward(trainer, reward_env)
         advantages.install(trainer)
         log.info(
             "NeMo Gym multi-turn: rollouts over RunStream (async_prefetch=%s)",
             bool(getattr(trainer.args, "async_prefetch", False)),
         )
+
+
+class _EndProduction(TrainerCallback):
+    """Stops the trainer's NeMo Gym data producer when training ends (`stop_production`)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        stop_production(self._trainer.data_producer)

@@ -27,7 +27,7 @@ from google.rpc import status_pb2
 
 from nemo_gym_grpc.bridge.contract import MAX_MESSAGE_BYTES
 from nemo_gym_grpc.bridge.errors import ITEM_TOO_LARGE
-from nemo_gym_grpc.rewards.client import channels, embedded, resend, settings
+from nemo_gym_grpc.rewards.client import channels, embedded, resend, settings, stopping
 from nemo_gym_grpc.rewards.client.channels import Security
 from nemo_gym_grpc.rewards.client.outcomes import Failure, ProtocolError
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc, verify_pb2, verify_pb2_grpc
@@ -263,7 +263,7 @@ def send(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
         responses = call.rpc.sync_method(channel)(
             messages, timeout=left, metadata=call.metadata, wait_for_ready=True
         )
-        with call.reading(responses):
+        with call.reading(responses), stopping.watch(responses):
             for message in responses:
                 call.on_message(message.results)
         if not call.resend():
