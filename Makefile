@@ -1,6 +1,6 @@
 # Developer commands. `make test` is what CI runs (.ci/run). Targets are .PHONY because
 # folders named proto/ and tests/ exist.
-.PHONY: help dev proto proto-check lint typecheck test fast demo bench soak wheel clean
+.PHONY: help dev lock proto proto-check lint typecheck test fast demo bench soak wheel clean
 
 # Every tool runs from .venv, which `make dev` (or any target needing it) creates on first use.
 VENV_BIN := $(CURDIR)/.venv/bin
@@ -9,6 +9,12 @@ PY := $(VENV_BIN)/python
 DEV := .venv/.installed
 VERL_VENV := build/verl-venv
 VERL := $(VERL_VENV)/.installed
+# The test venvs install with the lock files of tests/locks/ as pip constraints
+# (tests/support/locks.py); `make lock` writes them anew. LOCKED=no builds without them.
+LOCKED ?= yes
+DEV_LOCK := tests/locks/dev.txt
+VERL_LOCK := tests/locks/verl.txt
+constrain = $(if $(filter yes,$(LOCKED)),-c $(1))
 OPENRLHF_PKG := build/openrlhf-pkg
 # `make demo` installs only the package (its runtime dependencies; no dev tools, no torch/TRL),
 # marked by its own file, so a later `make dev`/`make test` still installs everything.
@@ -24,7 +30,10 @@ OUT ?= proto
 
 help:
 	@echo "make dev          create .venv with the package and its dev tools, and"
-	@echo "                  build/verl-venv with verl 0.9.1 (tests/test_verl.py)"
+	@echo "                  build/verl-venv with verl 0.9.1 (tests/test_verl.py), both"
+	@echo "                  from tests/locks/ (pip constraints)"
+	@echo "make lock         rebuild the test venvs from the newest releases, write"
+	@echo "                  tests/locks/ anew, then run make test on them"
 	@echo "make demo         score NeMo Gym example rows through the bridge (real servers);"
 	@echo "                  installs only the package, no dev tools or torch"
 	@echo "make test         the whole test suite on real NeMo Gym 0.7.0 servers, then its"
@@ -38,10 +47,10 @@ help:
 
 dev: $(DEV) $(VERL)
 
-$(DEV): pyproject.toml
+$(DEV): pyproject.toml $(DEV_LOCK)
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,ray]' --group test-trl
+	$(PY) -m pip install -q -e '.[dev,ray]' --group test-trl $(call constrain,$(DEV_LOCK))
 	touch $@
 
 # tests/test_verl.py runs verl 0.9.1 in a venv of its own (pyproject group test-verl, torch
@@ -49,12 +58,22 @@ $(DEV): pyproject.toml
 # tests/test_openrlhf.py runs OpenRLHF's reward caller there too, from openrlhf installed
 # without its dependencies into $(OPENRLHF_PKG) (openrlhf needs flash-attn, which builds only
 # with CUDA; the reward caller needs only what verl brings).
-$(VERL): pyproject.toml
+$(VERL): pyproject.toml $(VERL_LOCK)
 	test -x $(VERL_VENV)/bin/python || python3 -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VERL_VENV)/bin/python -m pip install -q -e . --group test-verl
+	$(VERL_VENV)/bin/python -m pip install -q -e . --group test-verl $(call constrain,$(VERL_LOCK))
 	$(VERL_VENV)/bin/python -m pip install -q --no-deps --target $(OPENRLHF_PKG) openrlhf==0.11.2
 	touch $@
+
+# Refresh the lock files: .venv and build/verl-venv rebuilt without constraints, their pip
+# freeze and each NeMo Gym venv's (built afresh in build/locks/) written to tests/locks/, then
+# the suite on them. Commit tests/locks/ when it passes.
+lock:
+	rm -rf .venv $(VERL_VENV)
+	$(MAKE) dev LOCKED=no
+	$(PY) -m tests.support refresh-locks
+	touch $(DEV) $(VERL)
+	$(MAKE) test
 
 proto: $(DEV)
 	$(PY) -m grpc_tools.protoc -I proto -I $(GAPI) -I $(GTOOLS) \

@@ -4,14 +4,23 @@ interpreters are shell scripts that print a version, as `python -c` would."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import NemoGymError, NoSuitablePython, find_python, selected_version, versions
+from tests.support import (
+    NemoGymError,
+    NoSuitablePython,
+    find_python,
+    locks,
+    selected_version,
+    versions,
+)
 from tests.support import venv as support_venv
 
 
@@ -77,13 +86,36 @@ def test_find_python_rejects_a_too_old_nemo_gym_python(tmp_path, monkeypatch):
 def test_a_new_build_says_what_it_builds_and_why(tmp_path, capsys):
     venv = tmp_path / "announced"
     choice = versions.PythonChoice(sys.executable, (3, 12, 1), False)
-    support_venv._announce(venv, choice, "0.4.0", versions.SPECS["0.4.0"].packages, tmp_path)
+    lock = locks.nemo_gym_lock("0.4.0", 12)
+    assert lock is not None  # the repository's lock file for the 0.4.0 venv
+    support_venv._announce(venv, choice, "0.4.0", versions.SPECS["0.4.0"].packages, tmp_path, lock)
     text = capsys.readouterr().err
     assert "pip install nemo-gym==0.4.0" in text and sys.executable in text
+    assert "constrained by nemo-gym-0.4.0-py3.12.txt" in text
     assert "Python >= 3.12" in text and "1.5 GB" in text and "every 15 s" in text
     assert "ignore-requires-python" not in text
     choice = versions.PythonChoice(sys.executable, (3, 13, 0), True)
-    support_venv._announce(venv, choice, "0.7.0", versions.SPECS["0.7.0"].packages, tmp_path)
+    support_venv._announce(venv, choice, "0.7.0", versions.SPECS["0.7.0"].packages, tmp_path, None)
     text = capsys.readouterr().err
+    assert "unconstrained (no lock file for it)" in text
     assert "pip install --ignore-requires-python nemo-gym==0.7.0 tiktoken" in text
     assert "declares Requires-Python >= 3.13.14" in text and "Python 3.13.0" in text
+
+
+def test_a_cached_venv_is_rebuilt_when_its_lock_file_changes(tmp_path):
+    lock, marker = tmp_path / "lock.txt", tmp_path / "marker.json"
+    lock.write_text("six==1.16.0\n")
+    marker.write_text(json.dumps({"constraints": locks.digest(lock)}))
+    assert locks.built_from(marker, lock)
+    lock.write_text("six==1.17.0\n")
+    assert not locks.built_from(marker, lock) and not locks.built_from(marker, None)
+    marker.write_text(json.dumps({"nemo_gym": "0.7.0"}))  # built before there were lock files
+    assert locks.built_from(marker, None) and not locks.built_from(marker, lock)
+
+
+def test_every_lock_file_pins_each_package_to_one_version():
+    files = sorted(locks.LOCKS.glob("*.txt"))
+    assert {f.name for f in files} >= {"dev.txt", "verl.txt", "nemo-gym-0.7.0-py3.13.txt"}
+    for lock in files:
+        lines = [line for line in lock.read_text().splitlines() if not line.startswith("#")]
+        assert lines and all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[^\s;]+", x) for x in lines), lock

@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent import futures
 
@@ -30,7 +31,15 @@ from nemo_gym_grpc.rewards import (
     reward_nemo_gym_verify,
     reward_nemo_gym_verify_async,
 )
-from nemo_gym_grpc.rewards.client import channels, embedded, outcomes, resend, settings, stream
+from nemo_gym_grpc.rewards.client import (
+    channels,
+    embedded,
+    outcomes,
+    resend,
+    settings,
+    stopping,
+    stream,
+)
 from nemo_gym_grpc.rewards.client.stream import Route
 from nemo_gym_grpc.rewards.tools import batches, scorefile
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
@@ -122,6 +131,42 @@ def test_the_batch_deadline_ends_a_stalled_stream(scripted, caplog, asynchronous
         rewards = _call(target, "stall", 4, asynchronous, batch_timeout=2.0)
     assert rewards == [0.0, 1.0, None, None]
     assert "DEADLINE_EXCEEDED x2" in caplog.text
+
+
+def _verify_call(target: str, mode: str, count: int) -> stream.Call:
+    requests = [
+        verify_pb2.VerifyRequest(request_id=f"{mode}-{i}", resources_server=mode, completion=str(i))
+        for i in range(count)
+    ]
+    return stream.Call(stream.VERIFY, target, requests, timeout=120.0, connect_timeout=10.0)
+
+
+def test_a_stopper_ends_a_sync_call_from_another_thread_with_one_outcome_per_item(scripted):
+    target, servicer = scripted
+    stopper, outcomes_of = stopping.Stopper(), {}
+    ended_before = len(servicer.stalls_ended)
+    call = _verify_call(target, "stall", 4)  # two answered, then nothing for 60 s
+
+    def send() -> None:
+        with stopper.running():
+            outcomes_of.update(stream.send(call))
+
+    reader = threading.Thread(target=send)
+    reader.start()
+    wait_until(lambda: len(call.outcomes) == 2, 10, "the answered half")
+    stopper.stop()
+    reader.join(10)
+    assert not reader.is_alive()
+    assert [outcomes_of[f"stall-{i}"].reward for i in (0, 1)] == [0.0, 1.0]
+    for held in ("stall-2", "stall-3"):
+        failure = outcomes_of[held]
+        assert isinstance(failure, outcomes.Failure)
+        assert (failure.code, failure.whole_call) == ("CANCELLED", True)
+    wait_until(lambda: len(servicer.stalls_ended) == ended_before + 1, 10, "the bridge's cancel")
+    # once stopped, a call made under it is cancelled as it opens: each item CANCELLED
+    with stopper.running():
+        later = stream.send(_verify_call(target, "echo", 2))
+    assert {failure.code for failure in later.values()} == {"CANCELLED"}  # type: ignore[union-attr]
 
 
 def test_an_item_over_the_message_limit_fails_alone(scripted, caplog, asynchronous):

@@ -117,34 +117,54 @@ def test_factory_with_an_explicit_target(bridge_target, loader_rows, monkeypatch
 
 
 _FORK_PROBE = """
-import json, os, select, signal, sys
+import json, os, select, signal, sys, threading, time
 from nemo_gym_grpc.rewards import reward_nemo_gym_verify
-args = json.loads(sys.stdin.read())
+args, busy = json.loads(sys.stdin.read()), sys.argv[1] == "busy"
 parent = reward_nemo_gym_verify(**args)  # the parent's channel now exists
+stop = threading.Event()
+def keep_scoring():
+    while not stop.is_set():
+        reward_nemo_gym_verify(**args)
+if busy:  # another thread is in a call when the fork happens (a prefetch thread, say)
+    threading.Thread(target=keep_scoring, daemon=True).start()
+    time.sleep(0.2)
 read_end, write_end = os.pipe()
 pid = os.fork()
-if pid == 0:  # child: score, report, leave without running the parent's cleanup
-    try:
-        os.write(write_end, json.dumps(reward_nemo_gym_verify(**args)).encode())
-    finally:
-        os._exit(0)
+if pid == 0:  # child: score on its own channel, report, then a normal exit (atexit, gRPC's)
+    os.close(read_end)
+    os.write(write_end, json.dumps(reward_nemo_gym_verify(**args)).encode())
+    os.close(write_end)
+    sys.exit(0)
 os.close(write_end)
-readable, _, _ = select.select([read_end], [], [], 120)
-if not readable:  # a hung child must fail the test, not block it
+readable, _, _ = select.select([read_end], [], [], 60)
+child = json.loads(os.read(read_end, 1 << 20) or b"null") if readable else "no answer in 60 s"
+for _ in range(600):  # a child hung at exit must fail the test, not block it
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        status = os.waitstatus_to_exitcode(status)
+        break
+    time.sleep(0.1)
+else:
     os.kill(pid, signal.SIGKILL)
-child = json.loads(os.read(read_end, 1 << 20) or b"null") if readable else None
-os.waitpid(pid, 0)
-print(json.dumps({"parent": parent, "child": child}))
+    os.waitpid(pid, 0)
+    status = "hung at exit"
+stop.set()
+after = reward_nemo_gym_verify(**args)  # the child's exit left the parent's channel working
+print(json.dumps({"parent": parent, "child": child, "exit": status, "after": after}))
 """
 
 
-def test_a_forked_child_scores_through_its_own_channel(via_target, loader_rows):
+@pytest.mark.parametrize("parent", ["idle", "busy"])
+def test_a_forked_child_scores_through_its_own_channel_and_exits_0(parent, via_target, loader_rows):
     # In a fresh interpreter: this pytest process has torch and other libraries loaded whose
     # own fork handlers are not ours to test (one of them crashed a forked child here).
+    # Without gRPC's fork support (GRPC_ENABLE_FORK_SUPPORT=0) the child got no scores and
+    # died (SIGABRT idle, exit 1 busy; measured 2026-12); the client turns it on.
     row = loader_rows["mcqa"][0]
+    scores = [1.0, 0.0]
     args = reward_columns([row, row], [mcqa_answer(row, True), mcqa_answer(row, False)])
     done = subprocess.run(
-        [sys.executable, "-c", _FORK_PROBE],
+        [sys.executable, "-c", _FORK_PROBE, parent],
         input=json.dumps(args),
         capture_output=True,
         text=True,
@@ -152,7 +172,8 @@ def test_a_forked_child_scores_through_its_own_channel(via_target, loader_rows):
         env={**os.environ, settings.TARGET_ENV: via_target},
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.splitlines()[-1]) == {"parent": [1.0, 0.0], "child": [1.0, 0.0]}
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report == {"parent": scores, "child": scores, "exit": 0, "after": scores}
 
 
 _EMBEDDED_CHILD = r"""

@@ -109,7 +109,8 @@ class NemoGymDataProducer(GRPODataProducer):
         **kwargs: Any,
     ) -> RolloutDataset | None:
         """The next batch as NeMo Gym rollouts (`RolloutDataset`, scored later by the
-        trainer), or None on a non-main rank in axolotl's rank-0-only mode.
+        trainer), or None on a non-main rank in axolotl's rank-0-only mode, and once `stop`
+        was called (a batch it cancelled is dropped, logged with its rollout count).
 
         Raises:
             ScoringError: more than `NEMO_GYM_GRPC_MAX_FAILURE_FRACTION` of the batch's

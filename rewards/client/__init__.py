@@ -7,6 +7,7 @@
 - `outcomes`: what one item came to (`Failure`, `Outcome`, `RunOutcome`), the client's reasons.
 - `stream`: the one call path: where a call goes (`Route`: configured target or embedded
   bridge) and the one streaming call (`VerifyStream`, `RunStream`), outcomes by request_id.
+- `stopping`: ending a sync call from another thread (`Stopper`).
 - `live`: the long-lived feed of rollouts over successive `RunStream` calls (on `stream`).
 - `embedded`: the zero-config bridge subprocess.
 - `policy`: what failed items give (`on_error`, `max_failure_fraction`, `ScoringError`).

@@ -20,7 +20,9 @@ from collections.abc import Iterator
 from typing import Protocol
 
 
-class _Cancellable(Protocol):
+class Cancellable(Protocol):
+    """A sync or asyncio gRPC call (both can be cancelled)."""
+
     def cancel(self) -> bool: ...
 
 
@@ -35,7 +37,7 @@ class Stopper:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._calls: set[_Cancellable] = set()
+        self._calls: set[Cancellable] = set()
         self._stopped = False
 
     @property
@@ -60,19 +62,19 @@ class Stopper:
         for call in calls:
             call.cancel()
 
-    def _add(self, call: _Cancellable) -> bool:
+    def _add(self, call: Cancellable) -> bool:
         with self._lock:
             if not self._stopped:
                 self._calls.add(call)
         return not self._stopped
 
-    def _discard(self, call: _Cancellable) -> None:
+    def _discard(self, call: Cancellable) -> None:
         with self._lock:
             self._calls.discard(call)
 
 
 @contextlib.contextmanager
-def watch(call: _Cancellable) -> Iterator[None]:
+def watch(call: Cancellable) -> Iterator[None]:
     """Around reading `call`: the current `Stopper` (if any) can cancel it; cancelled at once
     when that stopper has already stopped."""
     stopper = _CURRENT.get()

@@ -92,12 +92,6 @@ RUN = Rpc(
 )
 
 
-class _Cancellable(Protocol):
-    """A sync or asyncio gRPC call (both can be cancelled)."""
-
-    def cancel(self) -> bool: ...
-
-
 class Call(Generic[Req, Res, Msg]):
     """One streaming call and its bookkeeping, the same for both RPCs and both faces (`send`,
     `asend`): one outcome per request, by request_id.
@@ -194,7 +188,7 @@ class Call(Generic[Req, Res, Msg]):
             self.outcomes[request_id] = result if error is None else Failure.from_status(error)
 
     @contextlib.contextmanager
-    def reading(self, responses: _Cancellable) -> Iterator[None]:
+    def reading(self, responses: stopping.Cancellable) -> Iterator[None]:
         """Around reading the call's `responses`: a failed call is recorded as the call's own
         failure; a ProtocolError cancels the call and propagates."""
         try:
@@ -246,7 +240,8 @@ class Call(Generic[Req, Res, Msg]):
 
 def send(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
     """Send `call`'s requests over one call of its RPC (grpcio, the process's shared channel
-    to its target); {request_id: outcome} for every request (`Call.finish`).
+    to its target); {request_id: outcome} for every request (`Call.finish`). The caller's
+    `stopping.Stopper` (if any) can end it from another thread: its items fail CANCELLED.
 
     Raises:
         ProtocolError: the bridge answered an unknown or already answered `request_id`, or

@@ -6,6 +6,7 @@ python -m tests.support run [SERVER ...]     # start servers, print URLs; Ctrl-C
 python -m tests.support agents [--policy-delay S] [--tool-turns N]
                                              # the agent stack (agents.py), print URLs; Ctrl-C stops
 python -m tests.support ensure-axolotl       # build (or find) the axolotl venv (axolotl_venv.py)
+python -m tests.support refresh-locks        # write tests/locks/ anew (`make lock`, locks.py)
 
 Each NeMo Gym command takes --version 0.7.0 | 0.4.0 (default: env NEMO_GYM_VERSION, else 0.7.0).
 """
@@ -29,6 +30,7 @@ from tests.support import (
     NoSuitablePython,
     ensure_venv,
     find_python,
+    locks,
     venv_version,
 )
 from tests.support.axolotl_venv import AXOLOTL_VERSION, ensure_axolotl
@@ -43,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             started = time.monotonic()
             python = ensure_axolotl()
             print(f"{python} ready: axolotl {AXOLOTL_VERSION} ({time.monotonic() - started:.1f} s)")
+        elif args.command == "refresh-locks":
+            locks.refresh()
         elif args.command == "find-python":
             print(find_python(args.version))
         elif args.command == "ensure-venv":
@@ -76,6 +80,7 @@ def command_line() -> argparse.ArgumentParser:
         "agents", help="start the agent stack (scripted policy), print URLs; Ctrl-C stops it"
     )
     commands.add_parser("ensure-axolotl", help="build (or find) the cached axolotl venv")
+    commands.add_parser("refresh-locks", help="write the test venvs' lock files anew (make lock)")
     agents.add_argument("--policy-delay", type=float, default=0.0, help="s per model call")
     agents.add_argument("--tool-turns", type=int, default=1, help="tool calls per rollout")
     for command in (ensure, find, run, agents):

@@ -5,7 +5,7 @@ adds this package to it.
 
 - The base, <cache>/axolotl-0.21.0-py3.<minor> (cache as venv.py's: ~/.cache/nemo_gym_grpc),
   built once and shared (rebuilt when that file changes): `pip install --no-deps -r
-  tests/support/axolotl-0.21.0.txt`, the pinned list that file's header explains (pip's own
+  tests/locks/axolotl-0.21.0.txt`, the pinned list that file's header explains (pip's own
   resolution less the GPU-only packages).
   axolotl >= 0.20 declares Python >= 3.12: python3.12 / python3.13 on PATH or pyenv's, or env
   AXOLOTL_PYTHON. Cost: BUILD_COST.
@@ -38,7 +38,7 @@ from tests.support.versions import pyenv_candidates, python_version
 
 AXOLOTL_VERSION = "0.21.0"
 ROOT = Path(__file__).resolve().parents[2]
-REQUIREMENTS = Path(__file__).with_name(f"axolotl-{AXOLOTL_VERSION}.txt")
+REQUIREMENTS = ROOT / "tests" / "locks" / f"axolotl-{AXOLOTL_VERSION}.txt"
 OVERLAY = ROOT / "build" / "axolotl-venv"
 MINORS = (12, 13)  # axolotl 0.21 declares Requires-Python >= 3.12; 3.12 is what it is tested on
 BUILD_COST = "about 7 minutes and 6.2 GB of disk on a 2-core machine (measured 2026-12)"

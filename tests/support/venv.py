@@ -5,7 +5,7 @@ venv, built once (about 3 minutes and 1.5 GB) and then reused from
 <cache>/nemo-gym-<version>-py3.<minor>. Nothing here lets uv download a Python: uv is not used.
 Environment: NEMO_GYM_VERSION (which version), NEMO_GYM_PYTHON (interpreter to build with),
 NEMO_GYM_VENV (a venv to use instead of the cache; one the harness did not build is used as it
-is if it imports nemo_gym, and never deleted).
+is if it imports nemo_gym, and never deleted). Built with pip constraints: `locks.py`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.support import locks
 from tests.support.errors import NemoGymError
 from tests.support.procs import tail
 from tests.support.versions import (
@@ -182,6 +183,7 @@ def ensure_venv(
     import_check: Sequence[str] | None = None,
     lock_timeout: float = 1800.0,
     build_timeout: float = 1800.0,
+    locked: bool = True,
 ) -> Path:
     """The cached venv that runs NeMo Gym `version`'s servers (None: env NEMO_GYM_VERSION, else
     0.7.0); built on first use. The returned path is absolute.
@@ -192,6 +194,7 @@ def ensure_venv(
     counts as built only when its marker file exists; an unmarked `venv_dir` or cache venv is
     deleted and rebuilt. NEMO_GYM_VENV is the user's: without the marker it is used as it is if
     it imports nemo_gym, else NemoGymError; it is never deleted (a missing path is built).
+    `locked`: pip constraints from the version's lock file (`locks.py`, rebuilt when it changes).
     An fcntl lock on `<venv>.lock` keeps two processes from building at once. Raises
     NoSuitablePython, or NemoGymError if the build fails or takes over `build_timeout` s, or if
     the venv's NeMo Gym is not the `version` asked for (explicitly or by env).
@@ -209,8 +212,10 @@ def ensure_venv(
             return _check_version(venv_dir, asked, _use_unmarked(venv_dir))
     if venv_dir is None:
         for minor in wanted.minors:  # an already built venv needs no interpreter lookup
-            if venv_is_complete(default_venv_dir(minor, wanted.version)):
-                return default_venv_dir(minor, wanted.version).absolute()
+            cached = default_venv_dir(minor, wanted.version)
+            lock = locks.nemo_gym_lock(wanted.version, minor)
+            if venv_is_complete(cached) and locks.built_from(cached / MARKER_NAME, lock):
+                return cached.absolute()
     if venv_dir is not None and venv_is_complete(Path(venv_dir)):
         return _check_version(Path(venv_dir).absolute(), asked if user_venv else None)
 
@@ -219,11 +224,12 @@ def ensure_venv(
         venv_dir = default_venv_dir(choice.version[1], wanted.version)
     venv = Path(venv_dir).absolute()
 
+    lock = locks.nemo_gym_lock(wanted.version, choice.version[1]) if locked and packages else None
     log = venv.with_name(venv.name + ".install.log")
     with file_lock(venv.with_name(venv.name + ".lock"), lock_timeout, log):
-        if venv_is_complete(venv):  # built by another process while we waited
+        if venv_is_complete(venv) and locks.built_from(venv / MARKER_NAME, lock):  # meanwhile
             return venv
-        _build_venv(venv, choice, wanted.version, packages, import_check, build_timeout)
+        _build_venv(venv, choice, wanted.version, packages, import_check, build_timeout, lock)
     return venv
 
 
@@ -256,7 +262,12 @@ def _check_version(venv: Path, asked: str | None, found: str | None = None) -> P
 
 
 def _announce(
-    venv: Path, choice: PythonChoice, version: str, packages: Sequence[str], log: Path
+    venv: Path,
+    choice: PythonChoice,
+    version: str,
+    packages: Sequence[str],
+    log: Path,
+    lock: Path | None,
 ) -> None:
     shown = "Python " + ".".join(map(str, choice.version))
     if not packages:
@@ -266,8 +277,9 @@ def _announce(
     flag = " --ignore-requires-python" if choice.ignore_requires_python else ""
     print(
         f"Building the NeMo Gym {version} venv {venv} (first use only; later runs reuse it).\n"
-        f"  What: pip install{flag} {' '.join(packages)}, with {shown} ({choice.path}).\n"
-        f"  Why: the tests, the demo and the benchmarks run real NeMo Gym {version} resources "
+        f"  What: pip install{flag} {' '.join(packages)}, with {shown} ({choice.path}), "
+        + (f"constrained by {lock.name}.\n" if lock else "unconstrained (no lock file for it).\n")
+        + f"  Why: the tests, the demo and the benchmarks run real NeMo Gym {version} resources "
         f"servers, which need Python >= {need[0]}.{need[1]} in a venv of their own.\n"
         + (
             f"  Note: nemo-gym {version} declares Requires-Python >= {'.'.join(map(str, need))} "
@@ -319,15 +331,16 @@ def _build_venv(
     packages: Sequence[str],
     modules: Sequence[str],
     timeout: float,
+    lock: Path | None,
 ) -> None:
     if venv.exists() or venv.is_symlink():
-        print(f"removing incomplete NeMo Gym venv {venv}", file=sys.stderr)
+        print(f"removing NeMo Gym venv {venv} (incomplete or another lock)", file=sys.stderr)
         if venv.is_symlink() or venv.is_file():
             venv.unlink()
         else:
             shutil.rmtree(venv)
     log = venv.with_name(venv.name + ".install.log")
-    _announce(venv, choice, version, packages, log)
+    _announce(venv, choice, version, packages, log, lock)
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("PYTHONPATH", None)
     env.pop("VIRTUAL_ENV", None)
@@ -339,7 +352,7 @@ def _build_venv(
         steps = [[choice.path, "-m", "venv", *([] if packages else ["--without-pip"]), str(venv)]]
         if packages:
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install"]
-            steps.append([*pip, *flags, *packages])
+            steps.append([*pip, *flags, *packages, *(["-c", str(lock)] if lock else [])])
         for step in steps:
             code = run_step(step, out, log, env, started, deadline)
             if code != 0:
@@ -356,6 +369,7 @@ def _build_venv(
         version,
         packages,
         ignore_requires_python=choice.ignore_requires_python,
+        constraints=locks.digest(lock) if lock else None,
         build_seconds=seconds,
         built_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
     )
