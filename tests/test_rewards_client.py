@@ -169,6 +169,45 @@ def test_a_stopper_ends_a_sync_call_from_another_thread_with_one_outcome_per_ite
     assert {failure.code for failure in later.values()} == {"CANCELLED"}  # type: ignore[union-attr]
 
 
+_FORK_DURING_A_CALL = """
+import os, signal, sys, threading, time
+from nemo_gym_grpc.rewards.client import stopping, stream
+from nemo_gym_grpc.v1 import verify_pb2
+items = [verify_pb2.VerifyRequest(request_id=str(i), resources_server="stall") for i in range(2)]
+call = stream.Call(stream.VERIFY, sys.argv[1], items, timeout=60.0, connect_timeout=10.0)
+stopper = stopping.Stopper()
+def read():
+    with stopper.running():
+        stream.send(call)
+reader = threading.Thread(target=read)
+reader.start()
+while not call.outcomes:  # the stalled call is being read
+    time.sleep(0.01)
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    time.sleep(0.5)  # the child may hang in gRPC's fork handler: the hazard warned about
+    if os.waitpid(pid, os.WNOHANG) == (0, 0):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+stopper.stop()
+reader.join(10)
+"""
+
+
+def test_a_fork_while_another_thread_reads_a_call_is_warned_about_once(scripted):
+    target, _ = scripted
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_DURING_A_CALL, target],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("forks while 1 NeMo Gym gRPC call(s) are read") == 1, done.stderr
+
+
 def test_an_item_over_the_message_limit_fails_alone(scripted, caplog, asynchronous):
     target, _ = scripted
     huge = "1" + " " * stream.MAX_MESSAGE_BYTES

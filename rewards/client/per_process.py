@@ -13,17 +13,28 @@ modules imports grpc, and this module sets it to "1" unless the user set it
 (`FORK_SUPPORT_DEFAULTED`). Only the client machinery sets it: `nemo-gym-grpc serve` and the
 embedded bridge (a grpc.aio server, which forks only before gRPC starts) never get it from
 here (`child_env`).
+
+That fork support needs no application thread inside gRPC at the fork (grpcio's own rule). A
+child forked while another thread reads a call can hang in gRPC's fork handler: axolotl's
+DataLoader worker, forked while its prefetch thread read a RunStream, stuck for good in grpc's
+`Channel._postfork_child` (2026-12). So the sync calls count themselves while read
+(`in_flight`), and a fork made meanwhile gets one WARNING naming the cause.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
+from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 FORK_SUPPORT_ENV = "GRPC_ENABLE_FORK_SUPPORT"
 FORK_SUPPORT_DEFAULTED = FORK_SUPPORT_ENV not in os.environ
 os.environ.setdefault(FORK_SUPPORT_ENV, "1")
+
+log = logging.getLogger("nemo_gym_grpc.rewards")
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -52,3 +63,42 @@ def child_env() -> dict[str, str]:
     if FORK_SUPPORT_DEFAULTED:
         env.pop(FORK_SUPPORT_ENV, None)
     return env
+
+
+class _InFlight:
+    """The number of sync calls being read now, and the WARNING of a fork made meanwhile."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+        self.warned = False
+        os.register_at_fork(before=self._before_fork, after_in_child=self._reset)
+
+    def _before_fork(self) -> None:
+        if self.count and not self.warned:
+            self.warned = True
+            log.warning(
+                "this process forks while %d NeMo Gym gRPC call(s) are read by other threads: "
+                "the child may hang in gRPC's fork handler (gRPC needs no thread inside it at "
+                "a fork). Fork before scoring or between calls, e.g. dataloader_num_workers=0 "
+                "in a trainer that scores in a background thread",
+                self.count,
+            )
+
+    def _reset(self) -> None:
+        self.lock, self.count, self.warned = threading.Lock(), 0, False
+
+
+_IN_FLIGHT = _InFlight()
+
+
+@contextlib.contextmanager
+def in_flight() -> Iterator[None]:
+    """Around reading a sync gRPC call: counted for the fork WARNING (module docstring)."""
+    with _IN_FLIGHT.lock:
+        _IN_FLIGHT.count += 1
+    try:
+        yield
+    finally:
+        with _IN_FLIGHT.lock:
+            _IN_FLIGHT.count -= 1

@@ -30,6 +30,7 @@ from nemo_gym_grpc.bridge.errors import ITEM_TOO_LARGE
 from nemo_gym_grpc.rewards.client import channels, embedded, resend, settings, stopping
 from nemo_gym_grpc.rewards.client.channels import Security
 from nemo_gym_grpc.rewards.client.outcomes import Failure, ProtocolError
+from nemo_gym_grpc.rewards.client.per_process import in_flight
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc, verify_pb2, verify_pb2_grpc
 
 # Room for a stream message's own framing around its items.
@@ -258,7 +259,7 @@ def send(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
         responses = call.rpc.sync_method(channel)(
             messages, timeout=left, metadata=call.metadata, wait_for_ready=True
         )
-        with call.reading(responses), stopping.watch(responses):
+        with call.reading(responses), stopping.watch(responses), in_flight():
             for message in responses:
                 call.on_message(message.results)
         if not call.resend():
