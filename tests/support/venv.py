@@ -278,7 +278,7 @@ def _announce(
     print(
         f"Building the NeMo Gym {version} venv {venv} (first use only; later runs reuse it).\n"
         f"  What: pip install{flag} {' '.join(packages)}, with {shown} ({choice.path}), "
-        + (f"constrained by {lock.name}.\n" if lock else "unconstrained (no lock file for it).\n")
+        + (f"constrained by {lock.name}.\n" if lock else "unconstrained.\n")
         + f"  Why: the tests, the demo and the benchmarks run real NeMo Gym {version} resources "
         f"servers, which need Python >= {need[0]}.{need[1]} in a venv of their own.\n"
         + (
