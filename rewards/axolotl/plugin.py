@@ -82,9 +82,10 @@ class NemoGymPlugin(AxolotlNemoGymPlugin):
         `dataloader_prefetch_factor`) when NeMo Gym is on.
 
         axolotl's plugin means that too (it sets `cfg.dataloader_num_workers = 0` here), but
-        axolotl has read the value before this hook, so its default 1 stayed: the data
-        producer's prompt DataLoader forked a worker from the prefetch thread, in a process
-        with live gRPC channels and threads, and runs exited 1 after saving the model.
+        axolotl has read the value before this hook, so its default 1 stayed: DataLoader
+        workers were forked while the prefetch thread was inside a gRPC call, and of ten runs
+        one hung in gRPC's fork handler and one exited 1 (filelock refused the fork); others
+        exited 1 after saving the model (docs/rewards.md, processes that fork).
         """
         args = dict(super().get_training_args(cfg) or {})
         if cfg.get("nemo_gym_enabled"):  # (a prefetch factor is refused without workers)
