@@ -117,17 +117,10 @@ def test_factory_with_an_explicit_target(bridge_target, loader_rows, monkeypatch
 
 
 _FORK_PROBE = """
-import json, os, select, signal, sys, threading, time
+import json, os, select, signal, sys, time
 from nemo_gym_grpc.rewards import reward_nemo_gym_verify
-args, busy = json.loads(sys.stdin.read()), sys.argv[1] == "busy"
+args = json.loads(sys.stdin.read())
 parent = reward_nemo_gym_verify(**args)  # the parent's channel now exists
-stop = threading.Event()
-def keep_scoring():
-    while not stop.is_set():
-        reward_nemo_gym_verify(**args)
-if busy:  # another thread is in a call when the fork happens (a prefetch thread, say)
-    threading.Thread(target=keep_scoring, daemon=True).start()
-    time.sleep(0.2)
 read_end, write_end = os.pipe()
 pid = os.fork()
 if pid == 0:  # child: score on its own channel, report, then a normal exit (atexit, gRPC's)
@@ -148,23 +141,23 @@ else:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     status = "hung at exit"
-stop.set()
 after = reward_nemo_gym_verify(**args)  # the child's exit left the parent's channel working
 print(json.dumps({"parent": parent, "child": child, "exit": status, "after": after}))
 """
 
 
-@pytest.mark.parametrize("parent", ["idle", "busy"])
-def test_a_forked_child_scores_through_its_own_channel_and_exits_0(parent, via_target, loader_rows):
+def test_a_forked_child_scores_through_its_own_channel_and_exits_0(via_target, loader_rows):
     # In a fresh interpreter: this pytest process has torch and other libraries loaded whose
     # own fork handlers are not ours to test (one of them crashed a forked child here).
-    # Without gRPC's fork support (GRPC_ENABLE_FORK_SUPPORT=0) the child got no scores and
-    # died (SIGABRT idle, exit 1 busy; measured 2026-12); the client turns it on.
+    # Without gRPC's fork support (GRPC_ENABLE_FORK_SUPPORT=0) such a child got no scores and
+    # died of SIGABRT (3 of 3, 2026-12); the client turns it on. A fork while another thread
+    # is inside a call is outside what gRPC supports (the child can hang in its fork handler:
+    # 1 hang in 21 tries here), and warned about: test_rewards_client.py.
     row = loader_rows["mcqa"][0]
     scores = [1.0, 0.0]
     args = reward_columns([row, row], [mcqa_answer(row, True), mcqa_answer(row, False)])
     done = subprocess.run(
-        [sys.executable, "-c", _FORK_PROBE, parent],
+        [sys.executable, "-c", _FORK_PROBE],
         input=json.dumps(args),
         capture_output=True,
         text=True,
