@@ -63,10 +63,11 @@ class Stopper:
             call.cancel()
 
     def _add(self, call: Cancellable) -> bool:
+        """Register `call`; False (not registered) when already stopped."""
         with self._lock:
             if not self._stopped:
                 self._calls.add(call)
-        return not self._stopped
+            return not self._stopped
 
     def _discard(self, call: Cancellable) -> None:
         with self._lock:

@@ -22,7 +22,6 @@ A build holds an fcntl lock (venv.py's `file_lock`) and is marked complete last 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ import time
 from pathlib import Path
 
 from tests.support.errors import NemoGymError, NoSuitablePython
+from tests.support.locks import digest
 from tests.support.procs import tail
 from tests.support.venv import MARKER_NAME, cache_dir, file_lock, run_step, venv_is_complete
 from tests.support.versions import pyenv_candidates, python_version
@@ -127,7 +127,7 @@ def ensure_base(python: str | None = None, timeout: float = 3600.0) -> Path:
             [[python, "-m", "venv", str(venv)], [*pip, "-r", str(REQUIREMENTS)]], log, timeout
         )
         _check_imports(venv / "bin" / "python", IMPORT_CHECK)
-        _mark(venv, axolotl=AXOLOTL_VERSION, requirements=_digest(REQUIREMENTS), seconds=seconds)
+        _mark(venv, axolotl=AXOLOTL_VERSION, requirements=digest(REQUIREMENTS), seconds=seconds)
         print(f"built {venv} in {seconds} s", file=sys.stderr)
     return venv
 
@@ -137,11 +137,7 @@ def _built_from_requirements(venv: Path) -> bool:
     if not venv_is_complete(venv):
         return False
     marker = json.loads((venv / MARKER_NAME).read_text())
-    return bool(marker.get("requirements") == _digest(REQUIREMENTS))
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return bool(marker.get("requirements") == digest(REQUIREMENTS))
 
 
 def _site_packages(venv: Path) -> Path:
@@ -157,8 +153,8 @@ def ensure_axolotl(timeout: float = 3600.0) -> Path:
     base = ensure_base(timeout=timeout)
     facts = {
         "base": str(base),
-        "base_marker": _digest(base / MARKER_NAME),
-        "pyproject": _digest(ROOT / "pyproject.toml"),
+        "base_marker": digest(base / MARKER_NAME),
+        "pyproject": digest(ROOT / "pyproject.toml"),
     }
     python = OVERLAY / "bin" / "python"
 

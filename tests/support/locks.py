@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support.versions import python_version
+
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "tests" / "locks"
 
@@ -46,12 +48,10 @@ def built_from(marker: Path, lock: Path | None) -> bool:
     return bool(built == (digest(lock) if lock else None))
 
 
-def digest(lock: Path) -> str | None:
-    """A short digest of `lock`'s content (None when there is no such file): a cached venv
-    built from another content is rebuilt."""
-    if not lock.is_file():
-        return None
-    return hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
+def digest(path: Path) -> str:
+    """A short digest of a file's content: a cached venv records those it was built from and
+    is rebuilt when one changes (here and in axolotl_venv.py)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def freeze(python: Path | str, lock: Path, what: str) -> None:
@@ -64,13 +64,7 @@ def freeze(python: Path | str, lock: Path, what: str) -> None:
         check=True,
         timeout=300,
     ).stdout
-    version = subprocess.run(
-        [str(python), "-c", "import platform; print(platform.python_version())"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout.strip()
+    version = ".".join(map(str, python_version(str(python)) or ()))
     header = (
         f"# {what}: pip constraints (`pip install -c`), tests/support/locks.py.\n"
         f"# pip freeze of it built without constraints on Python {version}, "
@@ -87,7 +81,7 @@ def refresh() -> None:
     without constraints in build/locks/ (removed after). Raises what `ensure_venv` raises, or
     FileNotFoundError when .venv or build/verl-venv is missing."""
     from tests.support.venv import ensure_venv
-    from tests.support.versions import SPECS, python_version
+    from tests.support.versions import SPECS
 
     for name, venv, what in (
         ("dev", ROOT / ".venv", ".venv (make dev)"),
