@@ -39,7 +39,7 @@ help:
 	@echo "make test         the whole test suite on real NeMo Gym 0.7.0 servers, then its"
 	@echo "                  compat subset on 0.4.0; installs everything"
 	@echo "make fast         the fast tier (no NeMo Gym servers), with its time:"
-	@echo "                  .venv/bin/python -m pytest -m 'not nemo_gym'"
+	@echo "                  .venv/bin/python -m pytest -m 'not nemo_gym' -n auto"
 	@echo "make soak         10-minute chaos soak (not part of make test; its 60 s variant is)"
 	@echo "make proto        regenerate Python code from $(PROTOS)"
 	@echo "make proto-check  fail if the committed generated code is stale"
@@ -115,9 +115,9 @@ test: $(DEV) $(VERL)
 	  echo "make test: NeMo Gym 0.4.0, compat subset: $$(( $$(date +%s) - t )) s"
 
 # The fast tier: every test that needs no NeMo Gym stack (tests/conftest.py's `nemo_gym` marker),
-# for every change; prints its time. PYTEST_ARGS passes options.
+# for every change, on every core (pytest-xdist); prints its time. PYTEST_ARGS passes options.
 fast: $(DEV)
-	@t=$$(date +%s); $(PY) -m pytest -m "not nemo_gym" $(PYTEST_ARGS) && \
+	@t=$$(date +%s); $(PY) -m pytest -m "not nemo_gym" -n auto $(PYTEST_ARGS) && \
 	  echo "make fast: $$(( $$(date +%s) - t )) s"
 
 $(DEMO_DEPS): pyproject.toml

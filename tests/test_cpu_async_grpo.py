@@ -6,7 +6,11 @@ each sample's plain forward with eager attention."""
 
 from __future__ import annotations
 
-import numpy as np
+import pytest
+
+# the test-trl group of `make dev` installs them
+np = pytest.importorskip("numpy")
+pytest.importorskip("trl")
 
 
 def test_tree_attention_on_cpu_equals_plain_forwards():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 
-import pandas as pd
 import pytest
 
 from nemo_gym_grpc.rewards import openrlhf, slime, verl
@@ -14,6 +13,8 @@ from nemo_gym_grpc.rewards.tools import export
 from nemo_gym_grpc.rewards.tools.cli import main as cli_main
 from tests.stacks_common import SlimeSample, answers, export_examples, read_jsonl
 from tests.support.items import mcqa_row
+
+pd = pytest.importorskip("pandas")  # the test-trl group of `make dev` installs it
 
 
 @pytest.fixture

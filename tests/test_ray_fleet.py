@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 
 from tests.stacks_common import VERL_PYTHON, answers, export_examples
@@ -26,6 +25,8 @@ from tests.support.hosts import Hosts, hosts_for_test
 from tests.support.listeners import stray_sockets
 from tests.support.ray_nodes import REPO, RayNodes
 from tests.support.stack import NemoGymServers
+
+pd = pytest.importorskip("pandas")  # the test-trl group of `make dev` installs it
 
 pytestmark = pytest.mark.nemo_gym
 

@@ -14,6 +14,8 @@ from concurrent import futures
 import grpc
 import pytest
 
+pytest.importorskip("ray")  # the `ray` extra (`make dev` installs it)
+
 from nemo_gym_grpc.bridge.ray import fleet
 from nemo_gym_grpc.rewards.client import channels, ray_target
 from tests.support import closed_port

@@ -13,6 +13,8 @@ import types
 
 import pytest
 
+pytest.importorskip("numpy")  # groups' samples are numpy arrays (TRL installs it)
+
 from nemo_gym_grpc.rewards.client.outcomes import Failure
 from nemo_gym_grpc.rewards.trl import groups
 from nemo_gym_grpc.v1 import rollout_pb2

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("numpy")  # the worker's (TRL installs it)
+
 from nemo_gym_grpc.rewards import create_nemo_gym_rollout_worker
 from tests.support import BridgeProcess, closed_port, start_bridge
 from tests.support.waiting import wait_until

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 import requests
 from aiohttp import web
@@ -29,6 +28,8 @@ from nemo_gym_grpc.rewards import (
 )
 from tests.stacks_common import ROOT, SlimeSample, answers, export_examples, run_verl
 from tests.support import example_rows, free_ports
+
+pd = pytest.importorskip("pandas")  # the test-trl group of `make dev` installs it
 
 BATCH = 512
 PROMPT = "<|user|>Q<|assistant|>"

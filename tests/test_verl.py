@@ -11,11 +11,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 
 from nemo_gym_grpc.rewards import ScoringError, verl
 from tests.stacks_common import answers, export_examples, run_verl
+
+pd = pytest.importorskip("pandas")  # the test-trl group of `make dev` installs it
 
 
 @pytest.fixture(scope="module")
