@@ -95,15 +95,15 @@ lint: $(DEV)
 	buf format -d --exit-code proto
 	$(MAKE) -s typecheck
 
-# mypy checks the installed names; build/typecheck lays out bridge/, rewards/ and the generated
-# code as the nemo_gym_grpc namespace it installs as.
+# mypy checks the installed names; build/typecheck lays out bridge/, rewards/ and proto/nemo_gym_grpc/
+# as the nemo_gym_grpc namespace it installs as.
 typecheck: $(DEV)
 	mkdir -p build/typecheck/nemo_gym_grpc
 	ln -sfn ../../../bridge build/typecheck/nemo_gym_grpc/bridge
 	ln -sfn ../../../rewards build/typecheck/nemo_gym_grpc/rewards
-	ln -sfn ../../../proto/nemo_gym_grpc/v1 build/typecheck/nemo_gym_grpc/v1
+	for p in v1 shared cli; do ln -sfn ../../../proto/nemo_gym_grpc/$$p build/typecheck/nemo_gym_grpc/$$p; done
 	MYPYPATH=build/typecheck $(PY) -m mypy --config-file pyproject.toml \
-	  -p nemo_gym_grpc.bridge -p nemo_gym_grpc.rewards
+	  -p nemo_gym_grpc.bridge -p nemo_gym_grpc.rewards -p nemo_gym_grpc.shared -p nemo_gym_grpc.cli
 
 # The whole suite on NeMo Gym 0.7.0, then the `compat` subset on 0.4.0 (the test modules marked
 # `compat`); each phase prints its time. PYTEST_ARGS passes options to both. A NeMo Gym venv

@@ -2,6 +2,6 @@
 
 import sys
 
-from nemo_gym_grpc.bridge.cli import main
+from nemo_gym_grpc.bridge.process.cli import main
 
 sys.exit(main())

@@ -2,7 +2,8 @@
 
 A failed item never becomes a reward: the bridge answers it with a `google.rpc.Status` whose
 `code` is a canonical gRPC code and whose single `google.rpc.ErrorInfo` detail carries an
-UPPER_SNAKE `reason` and lowerCamel `metadata` (AIP-193). Clients match on `reason`.
+UPPER_SNAKE `reason` (`nemo_gym_grpc.shared.reasons`) and lowerCamel `metadata` (AIP-193).
+Clients match on `reason`.
 """
 
 from __future__ import annotations
@@ -16,34 +17,21 @@ from google.protobuf import any_pb2
 from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from nemo_gym_grpc.shared.reasons import (
+    BRIDGE_INTERNAL,
+    ERROR_DOMAIN,
+    INVALID_ITEM,
+    RETRYABLE_CODES,
+    UPSTREAM_HTTP_ERROR,
+)
+
 log = logging.getLogger(__name__)
 
 # A result message with `request_id`, `latency_seconds` and an `error` (VerifyResponse,
 # RunResponse).
 Result = TypeVar("Result", bound=Message)
 
-ERROR_DOMAIN = "nemo-gym-grpc"
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-# Reasons (ErrorInfo.reason) the bridge sets.
-INVALID_ITEM = "INVALID_ITEM"
-ITEM_TOO_LARGE = "ITEM_TOO_LARGE"
-UNKNOWN_RESOURCES_SERVER = "UNKNOWN_RESOURCES_SERVER"
-HEAD_SERVER_UNAVAILABLE = "HEAD_SERVER_UNAVAILABLE"
-UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
-UPSTREAM_TIMEOUT = "UPSTREAM_TIMEOUT"
-UPSTREAM_HTTP_ERROR = "UPSTREAM_HTTP_ERROR"
-UPSTREAM_BAD_REPLY = "UPSTREAM_BAD_REPLY"
-UPSTREAM_JUDGE_FAILED = "UPSTREAM_JUDGE_FAILED"
-UPSTREAM_MASKED_SAMPLE = "UPSTREAM_MASKED_SAMPLE"
-UPSTREAM_SESSION_FAILED = "UPSTREAM_SESSION_FAILED"
-BRIDGE_INTERNAL = "BRIDGE_INTERNAL"
-# Rollouts (RolloutService).
-UNKNOWN_AGENT = "UNKNOWN_AGENT"
-UPSTREAM_EPISODE_FAILED = "UPSTREAM_EPISODE_FAILED"
-
-# Codes whose cause is usually gone a moment later (gRPC's status-code guide).
-RETRYABLE_CODES = frozenset({code_pb2.UNAVAILABLE, code_pb2.RESOURCE_EXHAUSTED})
 
 
 def has_lone_surrogate(text: str) -> bool:
@@ -64,7 +52,7 @@ class ItemError(Exception):
 
     Args:
         code: a `google.rpc.code_pb2` value (e.g. `code_pb2.UNAVAILABLE`).
-        reason: UPPER_SNAKE reason, one of the constants in this module.
+        reason: UPPER_SNAKE reason, one of `nemo_gym_grpc.shared.reasons`.
         message: human-readable text; dynamic values also go into `metadata`.
         metadata: lowerCamel keys to string values (e.g. `httpStatus="503"`).
         retryable: whether another attempt may succeed; default: `code` is one of

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nemo_gym_grpc.bridge.lazy import exports
+from nemo_gym_grpc.shared.lazy import exports
 
 if TYPE_CHECKING:  # the same names, for type checkers (the `as` marks a re-export)
     from nemo_gym_grpc.rewards.client.policy import ScoringError as ScoringError

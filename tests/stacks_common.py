@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_grpc.rewards.tools.cli import main as cli_main
+from nemo_gym_grpc.cli import main as cli_main
 from tests.support import resources_server_dir
 
 ROOT = Path(__file__).resolve().parents[1]

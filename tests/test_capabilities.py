@@ -23,11 +23,11 @@ import pytest
 from aiohttp import web
 from google.rpc import error_details_pb2
 
-from nemo_gym_grpc.bridge.attempts import RetryPolicy
-from nemo_gym_grpc.bridge.metrics import Metrics
+from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
+from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
+from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation, http
-from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.bridge.verifier import Verifier
+from nemo_gym_grpc.bridge.process.metrics import Metrics
 from nemo_gym_grpc.v1 import verify_pb2
 
 PREFIX = re.compile(r"^/ng-rollout/([A-Za-z0-9][A-Za-z0-9._-]*)(/.*)$")

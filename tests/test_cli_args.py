@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_grpc.bridge import cli as bridge_cli
-from nemo_gym_grpc.bridge.cli import PROCESS_FLAGS, parse_args
-from nemo_gym_grpc.bridge.config import BridgeConfig
-from nemo_gym_grpc.bridge.contract import TOKEN_ENV
-from nemo_gym_grpc.rewards.tools import cli as top_cli
+from nemo_gym_grpc import cli as top_cli
+from nemo_gym_grpc.bridge.process import cli as bridge_cli
+from nemo_gym_grpc.bridge.process.cli import PROCESS_FLAGS, parse_args
+from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.rewards.tools import scorefile
+from nemo_gym_grpc.shared.contract import TOKEN_ENV
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

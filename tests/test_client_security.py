@@ -208,7 +208,7 @@ def test_score_command_stops_on_a_refused_token_without_writing_rows(
         [
             sys.executable,
             "-m",
-            "nemo_gym_grpc.rewards.tools",
+            "nemo_gym_grpc.cli",
             "score",
             str(rows_path),
             "-o",

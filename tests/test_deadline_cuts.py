@@ -16,9 +16,9 @@ import pytest
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
+from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.nemo_gym.verify import read_verify_reply
-from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.bridge.verifier import Verifier
 from nemo_gym_grpc.v1 import verify_pb2
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.items import error_info as info

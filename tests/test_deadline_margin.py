@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_gym_grpc.bridge.attempts import time_left
+from nemo_gym_grpc.bridge.flows.attempts import time_left
 
 
 @pytest.mark.parametrize(

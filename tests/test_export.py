@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from nemo_gym_grpc.cli import main as cli_main
 from nemo_gym_grpc.rewards import openrlhf, slime, verl
 from nemo_gym_grpc.rewards.tools import export
-from nemo_gym_grpc.rewards.tools.cli import main as cli_main
 from tests.stacks_common import SlimeSample, answers, export_examples, read_jsonl
 from tests.support.items import mcqa_row
 

@@ -11,8 +11,8 @@ import grpc
 import requests
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge.config import BridgeConfig
 from nemo_gym_grpc.bridge.nemo_gym.verify import completion_response
+from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.v1 import verify_pb2
 from tests.support import fault_matrix
 from tests.support.fault_matrix import assert_failed, assert_rewarded, assert_still_serves

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge.attempts import RetryPolicy
-from nemo_gym_grpc.bridge.upstreams import Upstreams
+from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
+from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port, fault_matrix, start_bridge
 from tests.support.fault_matrix import MARGIN, assert_failed

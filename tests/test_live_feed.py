@@ -16,11 +16,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from nemo_gym_grpc.bridge.errors import ITEM_TOO_LARGE
 from nemo_gym_grpc.rewards.client import stream
 from nemo_gym_grpc.rewards.client.live import RunFeed
 from nemo_gym_grpc.rewards.client.outcomes import Failure, ProtocolError
 from nemo_gym_grpc.rewards.client.stream import Route
+from nemo_gym_grpc.shared.reasons import ITEM_TOO_LARGE
 from nemo_gym_grpc.v1 import rollout_pb2
 from tests.support import BridgeProcess, start_bridge
 from tests.support.fault_proxy import Fault, FaultProxy

@@ -11,11 +11,12 @@ from aiohttp import web
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.attempts import RetryPolicy
-from nemo_gym_grpc.bridge.metrics import Metrics
+from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
+from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
+from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.nemo_gym import http, sessions, verify
-from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.bridge.verifier import Verifier
+from nemo_gym_grpc.bridge.process.metrics import Metrics
+from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2
 
 URL = "http://127.0.0.1:1/verify"
@@ -39,8 +40,8 @@ def test_a_reply_gives_its_reward_components_and_only_on_request_its_other_field
 @pytest.mark.parametrize(
     ("reply", "code", "reason"),
     [
-        (b"not json", code_pb2.INTERNAL, errors.UPSTREAM_BAD_REPLY),
-        (b'{"reward": true}', code_pb2.INTERNAL, errors.UPSTREAM_BAD_REPLY),
+        (b"not json", code_pb2.INTERNAL, reasons.UPSTREAM_BAD_REPLY),
+        (b'{"reward": true}', code_pb2.INTERNAL, reasons.UPSTREAM_BAD_REPLY),
         (
             b'{"reward": 1, "reward_components": {"a": "x"}}',
             code_pb2.INTERNAL,
@@ -49,12 +50,12 @@ def test_a_reply_gives_its_reward_components_and_only_on_request_its_other_field
         (
             b'{"reward": 0, "_ng_failure_class": "judge_failed"}',
             code_pb2.UNAVAILABLE,
-            errors.UPSTREAM_JUDGE_FAILED,
+            reasons.UPSTREAM_JUDGE_FAILED,
         ),
         (
             b'{"reward": 0, "mask_sample": true}',
             code_pb2.UNKNOWN,
-            errors.UPSTREAM_MASKED_SAMPLE,
+            reasons.UPSTREAM_MASKED_SAMPLE,
         ),
     ],
 )
@@ -100,7 +101,7 @@ MASKED_07 = {
     "E": (
         {"reward": 0.0, "mask_sample": True},
         code_pb2.UNKNOWN,
-        errors.UPSTREAM_MASKED_SAMPLE,
+        reasons.UPSTREAM_MASKED_SAMPLE,
         {"failureKind": None, "failureReason": None},
         "masked the sample (mask_sample)",
     ),
@@ -112,14 +113,14 @@ MASKED_07 = {
             "failure_reason": "judge down",
         },
         code_pb2.UNAVAILABLE,
-        errors.UPSTREAM_JUDGE_FAILED,
+        reasons.UPSTREAM_JUDGE_FAILED,
         {"failureKind": "judge_failed", "failureReason": "judge down", "failureClass": None},
         "reported judge_failed: judge down",
     ),
     "G": (
         JUDGE_FAILSAFE,
         code_pb2.UNAVAILABLE,
-        errors.UPSTREAM_JUDGE_FAILED,
+        reasons.UPSTREAM_JUDGE_FAILED,
         {
             "failureKind": "judge_failed",
             "failureReason": JUDGE_FAILSAFE["failure_reason"],
@@ -135,21 +136,21 @@ MASKED_07 = {
             "failure_kind": "provider_oom_killed",
         },
         code_pb2.UNKNOWN,
-        errors.UPSTREAM_MASKED_SAMPLE,
+        reasons.UPSTREAM_MASKED_SAMPLE,
         {"failureKind": "provider_oom_killed", "failureReason": None},
         "reported provider_oom_killed",
     ),
     "I": (
         {"reward": 0.0, "instance_config": {"mask_sample": True}},
         code_pb2.UNKNOWN,
-        errors.UPSTREAM_MASKED_SAMPLE,
+        reasons.UPSTREAM_MASKED_SAMPLE,
         {"failureKind": None},
         "masked the sample (mask_sample)",
     ),
     "legacy class": (
         {"reward": 0.0, "_ng_failure_class": "verifier_crashed"},
         code_pb2.UNKNOWN,
-        errors.UPSTREAM_MASKED_SAMPLE,
+        reasons.UPSTREAM_MASKED_SAMPLE,
         {"failureClass": "verifier_crashed", "failureKind": None},
         "reported verifier_crashed",
     ),

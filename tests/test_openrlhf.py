@@ -75,7 +75,7 @@ def sidecar(bridge_target):
     (port,) = free_ports(1)
     env = {**os.environ, "NEMO_GYM_GRPC_TARGET": bridge_target}
     env.pop("NEMO_GYM_GRPC_ON_ERROR", None)
-    cli = [sys.executable, "-m", "nemo_gym_grpc.rewards.tools", "openrlhf-rm", "--port", str(port)]
+    cli = [sys.executable, "-m", "nemo_gym_grpc.cli", "openrlhf-rm", "--port", str(port)]
     proc = subprocess.Popen(cli, env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}{openrlhf.PATH}"
 
@@ -176,7 +176,7 @@ def test_openrlhfs_own_reward_caller_gets_nemo_gym_rewards(form, reward_func_fil
 
 
 def _openrlhf_rm(port: int) -> subprocess.Popen:
-    cli = [sys.executable, "-m", "nemo_gym_grpc.rewards.tools", "openrlhf-rm", "--port", str(port)]
+    cli = [sys.executable, "-m", "nemo_gym_grpc.cli", "openrlhf-rm", "--port", str(port)]
     return subprocess.Popen(cli, stderr=subprocess.PIPE, text=True)
 
 

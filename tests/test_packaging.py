@@ -33,13 +33,17 @@ def test_wheel_ships_the_proto_and_generated_code_under_the_namespace(wheel):
         "nemo_gym_grpc/v1/verify_pb2.py",
         "nemo_gym_grpc/v1/verify_pb2.pyi",
         "nemo_gym_grpc/v1/verify_pb2_grpc.py",
-        "nemo_gym_grpc/bridge/server.py",
+        "nemo_gym_grpc/bridge/rpc/server.py",
+        "nemo_gym_grpc/bridge/flows/verify.py",
+        "nemo_gym_grpc/bridge/process/config.py",
         "nemo_gym_grpc/bridge/nemo_gym/verify.py",
+        "nemo_gym_grpc/shared/contract.py",
+        "nemo_gym_grpc/cli/__init__.py",
         "nemo_gym_grpc/rewards/__init__.py",
     ):
         assert name in names
     assert "nemo_gym_grpc/__init__.py" not in names  # PEP 420 namespace
-    assert not any(n.startswith(("tests/", "bridge/", "rewards/")) for n in names)
+    assert not any(n.startswith(("tests/", "bridge/", "rewards/", "proto/")) for n in names)
 
 
 def test_installed_wheel_is_not_shadowed_by_a_users_rewards_py(wheel, tmp_path):
@@ -113,18 +117,18 @@ def test_no_bridge_module_imports_the_trainer_side():
 
 
 def test_serve_through_the_console_script_loads_no_trainer_client():
-    # `nemo-gym-grpc serve` is the bridge's own command line: the console script lives on the
-    # trainer side, yet `serve` gets no gRPC client and no GRPC_ENABLE_FORK_SUPPORT.
+    # `nemo-gym-grpc serve` is the bridge's own command line: the console script sits above
+    # both halves, and `serve` loads nothing of the trainer side (no gRPC client, no
+    # GRPC_ENABLE_FORK_SUPPORT).
     lines = _probe(
-        "import os, sys; from nemo_gym_grpc.bridge import cli as bridge_cli;"
-        "from nemo_gym_grpc.rewards.tools import cli;"
+        "import os, sys; from nemo_gym_grpc.bridge.process import cli as bridge_cli;"
+        "from nemo_gym_grpc import cli;"
         "bridge_cli.run = lambda config: print(config.servers);"
         "cli.main(['serve', '--server', 'x=http://127.0.0.1:1']);" + _LOADED
     )
     assert lines == [
         "{'x': ['http://127.0.0.1:1']}",
-        "['nemo_gym_grpc.rewards', 'nemo_gym_grpc.rewards.tools', "
-        "'nemo_gym_grpc.rewards.tools.cli']",
+        "[]",
         "None",
     ]
 
@@ -143,4 +147,4 @@ def test_the_console_script_is_the_top_command_line(wheel):
     with zipfile.ZipFile(wheel) as built:
         (entry_points,) = (n for n in built.namelist() if n.endswith("entry_points.txt"))
         text = built.read(entry_points).decode()
-    assert "nemo-gym-grpc = nemo_gym_grpc.rewards.tools.cli:main" in text
+    assert "nemo-gym-grpc = nemo_gym_grpc.cli:main" in text

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from nemo_gym_grpc.bridge import plain_http
+from nemo_gym_grpc.bridge.nemo_gym import plain_http
 from tests.support.fault_proxy import Fault, FaultProxy
 
 REPLY = b'{"reward": 1.0, "text": "' + b"x" * 5000 + b'"}'

@@ -17,7 +17,7 @@ import aiohttp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nemo_gym_grpc.bridge import plain_http
+from nemo_gym_grpc.bridge.nemo_gym import plain_http
 
 STATUSES = [200, 201, 204, 400, 404, 409, 422, 429, 500, 502, 503, 504]
 TOKEN = st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_", min_size=1)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from nemo_gym_grpc.bridge.attempts import RetryPolicy
+from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
 
 
 @pytest.mark.parametrize(

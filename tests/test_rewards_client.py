@@ -344,7 +344,7 @@ def test_score_fails_at_once_when_the_target_refuses_the_connection(tmp_path):
     rows.write_text('{"resources_server_ref": {"name": "echo"}, "response": {}}\n')
     out = tmp_path / "out.jsonl"
     target = f"127.0.0.1:{closed_port()}"
-    command = [sys.executable, "-m", "nemo_gym_grpc.rewards.tools", "score", str(rows)]
+    command = [sys.executable, "-m", "nemo_gym_grpc.cli", "score", str(rows)]
     command += ["-o", str(out), "--target", target, "--no-progress"]
     env = {**os.environ, settings.CONNECT_TIMEOUT_ENV: "600"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
@@ -366,7 +366,7 @@ def test_sigterm_stops_the_score_command_with_a_valid_prefix(scripted, tmp_path)
     command = [
         sys.executable,
         "-m",
-        "nemo_gym_grpc.rewards.tools",
+        "nemo_gym_grpc.cli",
         "score",
         str(tmp_path / "rows.jsonl"),
     ]

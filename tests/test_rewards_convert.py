@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nemo_gym_grpc.bridge.contract import MiB
 from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn, reward_env
 from nemo_gym_grpc.rewards.client import convert, resend
+from nemo_gym_grpc.shared.contract import MiB
 from nemo_gym_grpc.v1 import verify_pb2
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from nemo_gym_grpc.bridge.errors import INVALID_ITEM
 from nemo_gym_grpc.rewards import (
     ScoringError,
     arun_rollouts,
@@ -25,6 +24,7 @@ from nemo_gym_grpc.rewards.client import embedded, policy, rollouts, settings, s
 from nemo_gym_grpc.rewards.client.outcomes import NO_TOKENS, Failure
 from nemo_gym_grpc.rewards.trl.rollout_func import rollout_output
 from nemo_gym_grpc.rewards.trl.rows import RowIndex, nemo_gym_row
+from nemo_gym_grpc.shared.reasons import INVALID_ITEM
 from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
 PARAMS = {"input": [{"role": "user", "content": "What is 2 + 3?"}]}

@@ -10,8 +10,9 @@ import pytest
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.flows.run_checks import check_body, check_run
 from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
-from nemo_gym_grpc.bridge.run_validation import check_body, check_run
+from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 from tests.test_run_replies import PARAMS
 
@@ -122,4 +123,4 @@ def test_json_fields_must_be_objects_that_can_be_sent(fields):
 def test_a_rollout_over_the_size_limit_is_too_large():
     with pytest.raises(errors.ItemError) as failed:
         check_run(request(row_json=json.dumps({"x": "y" * 2000})), max_item_bytes=1000)
-    assert failed.value.reason == errors.ITEM_TOO_LARGE
+    assert failed.value.reason == reasons.ITEM_TOO_LARGE

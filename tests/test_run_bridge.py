@@ -15,7 +15,7 @@ import grpc
 import pytest
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import rollout_pb2
 from tests.support import AgentStack, BridgeProcess, closed_port, example_rows, start_bridge
 from tests.support.agents import (
@@ -151,7 +151,7 @@ def test_an_episode_that_fails_in_the_agent_stage_says_so(agent_stack, static_br
         )
     assert result.error.code == code_pb2.INTERNAL
     info = error_info(result)
-    assert info.reason == errors.UPSTREAM_EPISODE_FAILED
+    assert info.reason == reasons.UPSTREAM_EPISODE_FAILED
     assert info.metadata["stage"] == "agent"
     assert info.metadata["terminal"] in ("true", "false")
     assert info.metadata["failureReason"]
@@ -173,7 +173,7 @@ def test_a_masked_rollout_is_an_unknown_error_with_its_failure_kind(static_bridg
         result = stub.Run(run_request("m1", MASKED_AGENT, row), timeout=RUN_DEADLINE)
     assert result.error.code == code_pb2.UNKNOWN
     info = error_info(result)
-    assert info.reason == errors.UPSTREAM_MASKED_SAMPLE
+    assert info.reason == reasons.UPSTREAM_MASKED_SAMPLE
     assert info.metadata["failureKind"] == "judge_failed"
     assert info.metadata["failureReason"]
 

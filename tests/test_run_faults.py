@@ -17,7 +17,7 @@ import grpc
 import pytest
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import rollout_pb2
 from tests.support import AgentStack, BridgeProcess, closed_port, example_rows, start_bridge
 from tests.support.agents import WEATHER_AGENT, WEATHER_RESOURCES
@@ -72,7 +72,7 @@ def test_an_agent_that_is_down_is_unavailable_after_the_retries(bridge):
         result = stub.Run(run_request("d1", "down", {}), timeout=RUN_DEADLINE)
     assert result.error.code == code_pb2.UNAVAILABLE
     info = error_info(result)
-    assert info.reason == errors.UPSTREAM_UNAVAILABLE
+    assert info.reason == reasons.UPSTREAM_UNAVAILABLE
     assert info.metadata["attempts"] == "3"  # --retry-attempts' default: it never started
 
 
@@ -83,7 +83,7 @@ def test_a_5xx_after_sending_is_internal_and_not_retried(bridge, proxy, weather_
     assert result.error.code == code_pb2.INTERNAL
     info = error_info(result)
     assert (info.reason, info.metadata["httpStatus"], info.metadata["attempts"]) == (
-        errors.UPSTREAM_HTTP_ERROR,
+        reasons.UPSTREAM_HTTP_ERROR,
         "503",
         "1",
     )
@@ -109,7 +109,7 @@ def test_an_agent_slow_past_the_deadline_is_deadline_exceeded(agent_stack, bridg
     for result in (by_rpc, by_item):
         assert result.error.code == code_pb2.DEADLINE_EXCEEDED
         info = error_info(result)
-        assert (info.reason, info.metadata["attempts"]) == (errors.UPSTREAM_TIMEOUT, "1")
+        assert (info.reason, info.metadata["attempts"]) == (reasons.UPSTREAM_TIMEOUT, "1")
     assert float(error_info(by_item).metadata["timeoutSeconds"]) == 1.0
 
 

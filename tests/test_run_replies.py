@@ -24,6 +24,7 @@ from nemo_gym_grpc.bridge.nemo_gym.episodes import read_episode_reply
 from nemo_gym_grpc.bridge.nemo_gym.head import AGENT_SERVERS, parse_servers
 from nemo_gym_grpc.bridge.nemo_gym.run import read_rollout
 from nemo_gym_grpc.bridge.nemo_gym.verify import parse_reply
+from nemo_gym_grpc.shared import reasons
 
 URL = "http://127.0.0.1:9/run"
 TOOLS = [
@@ -132,7 +133,7 @@ def test_a_masked_rollout_is_an_unknown_error_and_a_degraded_one_keeps_its_rewar
         )
     assert (masked.value.code, masked.value.reason) == (
         code_pb2.UNKNOWN,
-        errors.UPSTREAM_MASKED_SAMPLE,
+        reasons.UPSTREAM_MASKED_SAMPLE,
     )
     assert masked.value.metadata["failureKind"] == "tool_error"
     assert masked.value.metadata["failureReason"] == "boom"
@@ -141,7 +142,7 @@ def test_a_masked_rollout_is_an_unknown_error_and_a_degraded_one_keeps_its_rewar
             read_rollout(run_reply(mask_sample=True, **judge), URL, include_reply=False)
         assert (failed.value.code, failed.value.reason) == (
             code_pb2.UNKNOWN,
-            errors.UPSTREAM_MASKED_SAMPLE,
+            reasons.UPSTREAM_MASKED_SAMPLE,
         )
     degraded = read_rollout(
         run_reply(reward=0.0, failure_reason="browser session not found at verify"),
@@ -170,7 +171,7 @@ def test_a_reply_without_a_reward_or_with_broken_token_fields_is_internal(reply)
         read_rollout(reply, URL, include_reply=False)
     assert (failed.value.code, failed.value.reason) == (
         code_pb2.INTERNAL,
-        errors.UPSTREAM_BAD_REPLY,
+        reasons.UPSTREAM_BAD_REPLY,
     )
 
 
@@ -178,7 +179,7 @@ def test_a_body_that_is_no_json_object_is_a_bad_reply():
     for raw in (b"<html>", b"[1]"):
         with pytest.raises(errors.ItemError) as failed:
             parse_reply(raw, URL)
-        assert failed.value.reason == errors.UPSTREAM_BAD_REPLY
+        assert failed.value.reason == reasons.UPSTREAM_BAD_REPLY
 
 
 @pytest.mark.parametrize(
@@ -193,7 +194,7 @@ def test_a_body_that_is_no_json_object_is_a_bad_reply():
 )
 def test_agent_http_errors_are_final(status, code):
     error = errors.run_status_error(status, URL, b'{"detail": "x"}')
-    assert (error.code, error.reason, error.retryable) == (code, errors.UPSTREAM_HTTP_ERROR, False)
+    assert (error.code, error.reason, error.retryable) == (code, reasons.UPSTREAM_HTTP_ERROR, False)
     assert error.metadata["httpStatus"] == str(status)
 
 
@@ -225,7 +226,7 @@ def test_an_admission_refusal_is_unavailable_and_retryable():
     error = failed.value
     assert (error.code, error.reason, error.retryable) == (
         code_pb2.UNAVAILABLE,
-        errors.UPSTREAM_EPISODE_FAILED,
+        reasons.UPSTREAM_EPISODE_FAILED,
         True,
     )
     assert error.metadata["stage"] == "admission"
@@ -259,7 +260,7 @@ def test_a_masked_episode_result_is_unknown_and_a_reply_with_neither_is_bad():
     for body in (episode(), episode(result=None, failure=None), episode(result=[1])):
         with pytest.raises(errors.ItemError) as bad:
             read_episode_reply(body, URL, include_reply=False)
-        assert bad.value.reason == errors.UPSTREAM_BAD_REPLY
+        assert bad.value.reason == reasons.UPSTREAM_BAD_REPLY
 
 
 # --- discovery ----------------------------------------------------------------------------

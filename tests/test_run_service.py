@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from nemo_gym_grpc.bridge.health import ROLLOUT_SERVICE_NAME
+from nemo_gym_grpc.bridge.rpc.health import ROLLOUT_SERVICE_NAME
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc, verify_pb2, verify_pb2_grpc
 from tests.support import BridgeProcess, closed_port, start_bridge
 from tests.support.rollouts import run_request

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_grpc.rewards.tools.cli import main
+from nemo_gym_grpc.cli import main
 from tests.support import DEFAULT_SERVERS, closed_port, example_rows, resources_server_dir
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.waiting import wait_until
@@ -86,7 +86,7 @@ def table_row(summary: str, server: str) -> list[str]:
 def score_cli(*args: str, env: dict | None = None, timeout: float = 180):
     """Run the installed `nemo-gym-grpc score ...`; returns the CompletedProcess."""
     return subprocess.run(
-        [sys.executable, "-m", "nemo_gym_grpc.rewards.tools", "score", *args],
+        [sys.executable, "-m", "nemo_gym_grpc.cli", "score", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -255,7 +255,7 @@ def test_sigint_keeps_a_valid_prefix_and_a_rerun_completes(proxied_bridge, tmp_p
     proxy.set_faults(Fault("hang", match=HOLD))
     args = [str(rows_path), "-o", str(out), "--target", bridge.target]
     args += ["--batch-size", "4", "--concurrency", "2"]
-    command = [sys.executable, "-m", "nemo_gym_grpc.rewards.tools", "score", *args]
+    command = [sys.executable, "-m", "nemo_gym_grpc.cli", "score", *args]
     with open(tmp_path / "stderr", "wb") as err:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err)
     try:

@@ -1,8 +1,8 @@
-"""What the trainer side shares with the bridge is declared once, on the bridge side: the message
-limit and the variables both ends read (`bridge/contract.py`), the reasons of refused items
-(`bridge/errors.py`), the http(s) URL rule (`bridge/flags.py`). The trainer side imports those
-modules (the bridge never imports `nemo_gym_grpc.rewards`), so they and the bridge package's
-`__init__` must stay light: a trainer that loads the client loads no bridge server."""
+"""What the trainer side shares with the bridge is declared once, in `nemo_gym_grpc.shared`
+(proto/nemo_gym_grpc/shared/), beside the contract: the message limit and the variables both
+ends read (`contract`), the reasons of failed items (`reasons`), the http(s) URL rule (`flags`).
+Both halves import it (the bridge never imports `nemo_gym_grpc.rewards`), so it stays light:
+a trainer that loads the client loads no bridge module at all."""
 
 from __future__ import annotations
 
@@ -12,16 +12,10 @@ import sys
 
 import pytest
 
-from nemo_gym_grpc.bridge import cli as bridge_cli
-from nemo_gym_grpc.bridge import contract, errors
-from nemo_gym_grpc.bridge.config import BridgeConfig
+from nemo_gym_grpc.bridge.process import cli as bridge_cli
+from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.rewards.client import channels, outcomes, settings
-
-# The bridge modules the trainer side may load: the package and its light modules.
-LIGHT = [
-    "nemo_gym_grpc.bridge",
-    *(f"nemo_gym_grpc.bridge.{m}" for m in ("contract", "errors", "flags", "lazy")),
-]
+from nemo_gym_grpc.shared import contract, reasons
 
 
 def _loaded_after(code: str) -> set[str]:
@@ -36,24 +30,26 @@ def _loaded_after(code: str) -> set[str]:
     return set(done.stdout.split())
 
 
-def test_the_trainer_side_loads_only_the_light_bridge_modules():
+def test_the_trainer_side_loads_no_bridge_module():
     loaded = _loaded_after(
         "import nemo_gym_grpc.rewards as r; r.reward_nemo_gym_verify; r.run_rollouts;"
         "r.create_nemo_gym_rollout_func; import nemo_gym_grpc.rewards.verl"
     )
     assert "nemo_gym_grpc.rewards.client.stream" in loaded  # the client did load
-    assert sorted(m for m in loaded if m.startswith("nemo_gym_grpc.bridge")) == LIGHT
+    assert [m for m in loaded if m.startswith("nemo_gym_grpc.bridge")] == []
     assert "aiohttp" not in loaded
 
 
 def test_the_bridge_package_loads_serve_and_bridge_config_on_first_use():
     loaded = _loaded_after("import nemo_gym_grpc.bridge")
-    assert "nemo_gym_grpc.bridge.server" not in loaded and "aiohttp" not in loaded
+    assert "nemo_gym_grpc.bridge.rpc.server" not in loaded and "aiohttp" not in loaded
     loaded = _loaded_after("from nemo_gym_grpc.bridge import serve, BridgeConfig")
-    assert {"nemo_gym_grpc.bridge.server", "nemo_gym_grpc.bridge.config"} <= loaded
+    assert {"nemo_gym_grpc.bridge.rpc.server", "nemo_gym_grpc.bridge.process.config"} <= loaded
     import nemo_gym_grpc.bridge as package
     from nemo_gym_grpc.bridge import BridgeConfig as public
-    from nemo_gym_grpc.bridge import config, serve, server
+    from nemo_gym_grpc.bridge import serve
+    from nemo_gym_grpc.bridge.process import config
+    from nemo_gym_grpc.bridge.rpc import server
 
     assert public is config.BridgeConfig and serve is server.serve
     with pytest.raises(AttributeError, match="has no attribute 'Serve'"):
@@ -78,9 +74,9 @@ def test_both_ends_default_to_the_same_message_limit():
 
 def test_client_only_reasons_do_not_collide_with_bridge_reasons():
     bridge_reasons = {
-        value for name, value in vars(errors).items() if name.isupper() and isinstance(value, str)
+        value for name, value in vars(reasons).items() if name.isupper() and isinstance(value, str)
     }
-    assert errors.UPSTREAM_TIMEOUT in bridge_reasons  # the scan finds the reason constants
+    assert reasons.UPSTREAM_TIMEOUT in bridge_reasons  # the scan finds the reason constants
     client_reasons = {
         value for name, value in vars(outcomes).items() if name.isupper() and isinstance(value, str)
     }

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from nemo_gym_grpc.bridge.balancer import Slots, SlotTimeout
+from nemo_gym_grpc.bridge.flows.balancer import Slots, SlotTimeout
 
 
 async def test_at_most_size_holders_served_in_arrival_order() -> None:

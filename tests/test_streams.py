@@ -12,8 +12,9 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
-from nemo_gym_grpc.bridge import errors, streams
-from nemo_gym_grpc.bridge.service import VerifyService
+from nemo_gym_grpc.bridge.rpc import streams
+from nemo_gym_grpc.bridge.rpc.verify_service import VerifyService
+from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2
 
 
@@ -108,4 +109,4 @@ async def test_a_duplicate_request_id_in_flight_is_refused_alone() -> None:
     assert len(refused) == 1 and refused[0].request_id == "a"
     assert "already in flight" in refused[0].error.message
     assert stream.failed == 1
-    assert errors.INVALID_ITEM in str(refused[0].error.details)
+    assert reasons.INVALID_ITEM in str(refused[0].error.details)

@@ -18,9 +18,10 @@ from google.rpc import code_pb2
 from grpc_health.v1 import health
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.health import Readiness
+from nemo_gym_grpc.bridge.flows.upstreams import AGENTS, Upstreams
 from nemo_gym_grpc.bridge.nemo_gym.head import parse_global_config
-from nemo_gym_grpc.bridge.upstreams import AGENTS, Upstreams
+from nemo_gym_grpc.bridge.rpc.health import Readiness
+from nemo_gym_grpc.shared import reasons
 from tests.support import closed_port
 
 pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
@@ -119,9 +120,9 @@ CONFIG = _reply({"mcqa": {"resources_servers": {"mcqa": {"host": "127.0.0.1", "p
 
 
 def test_an_unreachable_head_server_is_unavailable_not_an_unknown_name(caplog):
-    with caplog.at_level("INFO", logger="nemo_gym_grpc.bridge.upstreams"):
+    with caplog.at_level("INFO", logger="nemo_gym_grpc.bridge.flows.upstreams"):
         error, _ = _resolve_error(None, "mcqa")
-    assert (error.code, error.reason) == (code_pb2.UNAVAILABLE, errors.HEAD_SERVER_UNAVAILABLE)
+    assert (error.code, error.reason) == (code_pb2.UNAVAILABLE, reasons.HEAD_SERVER_UNAVAILABLE)
     assert error.metadata["discoveryError"].startswith("ClientConnectorError")
     assert error.metadata["resourcesServer"] == "mcqa"
     assert "could not be read" in error.message and "known: static" in error.message
@@ -138,14 +139,14 @@ async def _head_ok() -> web.Response:
 
 def test_a_head_server_that_answers_an_error_is_unavailable_too():
     error, _ = _resolve_error(_head_503, "mcqa")
-    assert (error.code, error.reason) == (code_pb2.UNAVAILABLE, errors.HEAD_SERVER_UNAVAILABLE)
+    assert (error.code, error.reason) == (code_pb2.UNAVAILABLE, reasons.HEAD_SERVER_UNAVAILABLE)
     assert "503" in error.metadata["discoveryError"]
 
 
 def test_a_name_the_head_server_does_not_list_is_not_found(caplog):
-    with caplog.at_level("INFO", logger="nemo_gym_grpc.bridge.upstreams"):
+    with caplog.at_level("INFO", logger="nemo_gym_grpc.bridge.flows.upstreams"):
         error, seen = _resolve_error(_head_ok, "nope")
-    assert (error.code, error.reason) == (code_pb2.NOT_FOUND, errors.UNKNOWN_RESOURCES_SERVER)
+    assert (error.code, error.reason) == (code_pb2.NOT_FOUND, reasons.UNKNOWN_RESOURCES_SERVER)
     assert "discoveryError" not in error.metadata and seen == [""]
     assert error.message == "unknown resources server 'nope'; known: mcqa, static"
     assert "re-discovery found 1 resources servers" in caplog.text
@@ -155,7 +156,7 @@ def test_a_head_server_gone_since_it_last_answered_is_unavailable():
     answers = iter([_head_ok, _head_503])
     error, seen = _resolve_error(lambda: next(answers)(), "nope", twice=True)
     assert seen[0] == "" and "503" in seen[1]
-    assert (error.code, error.reason) == (code_pb2.UNAVAILABLE, errors.HEAD_SERVER_UNAVAILABLE)
+    assert (error.code, error.reason) == (code_pb2.UNAVAILABLE, reasons.HEAD_SERVER_UNAVAILABLE)
 
 
 def test_without_a_head_server_an_unknown_name_is_not_found():
@@ -166,7 +167,7 @@ def test_without_a_head_server_an_unknown_name_is_not_found():
         return caught.value
 
     error = asyncio.run(run())
-    assert (error.code, error.reason) == (code_pb2.NOT_FOUND, errors.UNKNOWN_RESOURCES_SERVER)
+    assert (error.code, error.reason) == (code_pb2.NOT_FOUND, reasons.UNKNOWN_RESOURCES_SERVER)
 
 
 async def test_an_unreachable_head_server_is_one_readable_line_not_one_per_round(caplog):

@@ -1,4 +1,4 @@
-"""Item checks and encoding (`bridge.validation.check_item`): pure, no network, no NeMo Gym."""
+"""Item checks and encoding (`bridge.flows.checks.check_item`): pure, no network, no NeMo Gym."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.validation import check_item
+from nemo_gym_grpc.bridge.flows.checks import check_item
+from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2
 
 ROW = {"question": "2+2?", "options": [{"A": "4"}], "expected_answer": "A", "unused": None}
@@ -60,7 +61,7 @@ def test_non_ascii_text_is_sent_as_utf8_not_escaped():
 def test_an_item_over_the_size_limit_is_too_large():
     request = item(completion="x" * 1000)
     error = refused(request, max_item_bytes=1000)
-    assert error.reason == errors.ITEM_TOO_LARGE
+    assert error.reason == reasons.ITEM_TOO_LARGE
     assert error.metadata == {"itemBytes": str(request.ByteSize()), "maxItemBytes": "1000"}
     assert error.message == (
         f"item is {request.ByteSize()} bytes; the bridge accepts items of at most 1000 bytes"
@@ -99,7 +100,7 @@ def test_an_item_over_the_size_limit_is_too_large():
 )
 def test_bad_fields_are_invalid_items_naming_the_field(fields, field, message):
     error = refused(item(**fields))
-    assert error.reason == errors.INVALID_ITEM
+    assert error.reason == reasons.INVALID_ITEM
     assert error.metadata == {"field": field}
     assert error.message == message
 
@@ -107,17 +108,17 @@ def test_bad_fields_are_invalid_items_naming_the_field(fields, field, message):
 @pytest.mark.parametrize("field", ["row_json", "responses_create_params_json", "response_json"])
 def test_invalid_json_is_an_invalid_item(field):
     error = refused(item(**{field: "{"}))
-    assert error.reason == errors.INVALID_ITEM and error.metadata == {"field": field}
+    assert error.reason == reasons.INVALID_ITEM and error.metadata == {"field": field}
     assert error.message.startswith(f"{field} is not valid JSON: ")
 
 
 def test_nan_and_deep_nesting_are_invalid_items():
     nan = refused(item(row_json='{"x": NaN}'))
-    assert nan.reason == errors.INVALID_ITEM
+    assert nan.reason == reasons.INVALID_ITEM
     assert nan.message.startswith("item JSON cannot be sent: ")
     assert nan.metadata == {"field": "row_json"}
     deep = refused(item(row_json="[" * 100_000 + "]" * 100_000))
-    assert deep.reason == errors.INVALID_ITEM and deep.metadata == {"field": "row_json"}
+    assert deep.reason == reasons.INVALID_ITEM and deep.metadata == {"field": "row_json"}
 
 
 @pytest.mark.parametrize(
@@ -131,7 +132,7 @@ def test_nan_and_deep_nesting_are_invalid_items():
 def test_a_lone_surrogate_escape_is_an_invalid_item_naming_its_field(field, text):
     assert "\\ud" in text  # an escape in ASCII JSON text, as proto3 strings carry it
     error = refused(item(**{field: text}))
-    assert error.reason == errors.INVALID_ITEM and error.metadata == {"field": field}
+    assert error.reason == reasons.INVALID_ITEM and error.metadata == {"field": field}
     assert error.message == (
         f'{field} holds a lone surrogate escape (e.g. "\\ud800"): not valid Unicode text, '
         "UTF-8 cannot encode it"

@@ -69,7 +69,7 @@ class Way:
 
             self.client = niquests.AsyncSession(pool_maxsize=256)
         else:
-            from nemo_gym_grpc.bridge import plain_http
+            from nemo_gym_grpc.bridge.nemo_gym import plain_http
 
             self.client = plain_http.Client()
 

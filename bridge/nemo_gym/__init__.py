@@ -10,5 +10,5 @@ server has it; `POST /run` on an agent server (`run.py`) and on an environment s
 probe (`http.py`, with the POST itself and its error mapping), and the head server's
 `GET /global_config_dict_yaml` (`head.py`). `codec.py` is the JSON codec of the bodies;
 `reports.py` the failure report a later NeMo Gym may send (a reply header, an episode field),
-passed on opaque and bounded.
+passed on opaque and bounded. `plain_http.py` is the bridge's own HTTP/1.1 client.
 """

@@ -30,6 +30,7 @@ from nemo_gym_grpc.bridge.nemo_gym.verify import (
     diagnostic_text,
     parse_reply,
 )
+from nemo_gym_grpc.shared import reasons
 
 ADMISSION = "admission"
 
@@ -75,7 +76,7 @@ def episode_error(failure: dict[str, Any], url: str) -> errors.ItemError:
         message += f": {why[:200]}"
     return errors.ItemError(
         code_pb2.UNAVAILABLE if admission else code_pb2.INTERNAL,
-        errors.UPSTREAM_EPISODE_FAILED,
+        reasons.UPSTREAM_EPISODE_FAILED,
         message,
         retryable=admission,
         upstreamUrl=url,

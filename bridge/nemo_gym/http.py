@@ -22,8 +22,9 @@ from urllib.parse import quote
 import aiohttp
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import errors, plain_http
-from nemo_gym_grpc.bridge.nemo_gym import reports
+from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.nemo_gym import plain_http, reports
+from nemo_gym_grpc.shared import reasons
 
 log = logging.getLogger(__name__)
 # `plain_http.Response.kept` holds the failure report header under its lowercase name.
@@ -177,7 +178,7 @@ async def _aiohttp_post(
 def _timed_out(url: str, timeout: float, queued: float) -> errors.ItemError:
     return errors.ItemError(
         code_pb2.DEADLINE_EXCEEDED,
-        errors.UPSTREAM_TIMEOUT,
+        reasons.UPSTREAM_TIMEOUT,
         f"{url} did not answer within {timeout:.3f} s",
         upstreamUrl=url,
         timeoutSeconds=f"{timeout:.3f}",
@@ -190,7 +191,7 @@ def _unreachable(url: str, exc: Exception) -> errors.ItemError:
     kind = Refused if refused else errors.ItemError
     return kind(
         code_pb2.UNAVAILABLE,
-        errors.UPSTREAM_UNAVAILABLE,
+        reasons.UPSTREAM_UNAVAILABLE,
         f"{url} unreachable: {type(exc).__name__}: {exc}",
         upstreamUrl=url,
     )

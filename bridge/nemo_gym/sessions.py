@@ -23,6 +23,7 @@ from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import codec
 from nemo_gym_grpc.bridge.nemo_gym.correlation import episode_id, rollout_id_problem
 from nemo_gym_grpc.bridge.nemo_gym.http import Client, post
+from nemo_gym_grpc.shared import reasons
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ class Closer:
         else:
             seconds = reply.seconds
             if reply.status != 200:
-                reason = errors.UPSTREAM_HTTP_ERROR
+                reason = reasons.UPSTREAM_HTTP_ERROR
                 message = f"{url}: HTTP {reply.status}: {reply.body[:200]!r}"
         self._record(name, reason, seconds)
         if reason:

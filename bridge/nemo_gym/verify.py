@@ -20,6 +20,7 @@ from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import codec
+from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2
 
 VERIFY_PATH = "/verify"
@@ -196,7 +197,7 @@ def masked_error(
         message += f": {why[:200]}"
     return errors.ItemError(
         code_pb2.UNAVAILABLE if judge else code_pb2.UNKNOWN,
-        errors.UPSTREAM_JUDGE_FAILED if judge else errors.UPSTREAM_MASKED_SAMPLE,
+        reasons.UPSTREAM_JUDGE_FAILED if judge else reasons.UPSTREAM_MASKED_SAMPLE,
         message,
         retryable=False,
         upstreamUrl=url,
@@ -209,7 +210,7 @@ def masked_error(
 def bad_reply(url: str, message: str) -> errors.ItemError:
     """INTERNAL / UPSTREAM_BAD_REPLY: a 200 reply from `url` that says no usable result."""
     return errors.ItemError(
-        code_pb2.INTERNAL, errors.UPSTREAM_BAD_REPLY, f"{url}: {message}", upstreamUrl=url
+        code_pb2.INTERNAL, reasons.UPSTREAM_BAD_REPLY, f"{url}: {message}", upstreamUrl=url
     )
 
 

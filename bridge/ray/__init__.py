@@ -15,7 +15,7 @@ out). This package never imports the trainer side.
 
 from typing import TYPE_CHECKING
 
-from nemo_gym_grpc.bridge.lazy import exports
+from nemo_gym_grpc.shared.lazy import exports
 
 if TYPE_CHECKING:  # the same names, for type checkers (the `as` marks a re-export)
     from nemo_gym_grpc.bridge.ray.fleet import DEFAULT_PORT as DEFAULT_PORT

@@ -24,7 +24,6 @@ except ModuleNotFoundError:  # one line, not a traceback: the [ray] extra is not
         "pip install '.[ray]' in a clone of nemo-gym-grpc"
     )
 
-from nemo_gym_grpc.bridge.flags import non_negative_float, positive_int
 from nemo_gym_grpc.bridge.ray.fleet import (
     DEFAULT_PORT,
     NAMESPACE,
@@ -32,6 +31,7 @@ from nemo_gym_grpc.bridge.ray.fleet import (
     start_bridges,
     stop_bridges,
 )
+from nemo_gym_grpc.shared.flags import non_negative_float, positive_int
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -35,7 +35,7 @@ from typing import Any
 
 import ray
 
-from nemo_gym_grpc.bridge.server import read_ready_file
+from nemo_gym_grpc.bridge.rpc.server import read_ready_file
 
 REREGISTER_SECONDS = 10.0
 OUTPUT_LINES = 40  # lines of the bridge's output kept for the message when it fails to start

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from nemo_gym_grpc.bridge.contract import MAX_MESSAGE_BYTES
 from nemo_gym_grpc.rewards.client import ray_target
 from nemo_gym_grpc.rewards.client.per_process import PerProcess
+from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES
 from nemo_gym_grpc.v1 import rollout_pb2_grpc, verify_pb2_grpc
 
 # grpc.ChannelConnectivity.READY as the core channel reports it (an int).

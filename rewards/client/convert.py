@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from nemo_gym_grpc.bridge.errors import INVALID_ITEM
 from nemo_gym_grpc.rewards.client.outcomes import Failure
+from nemo_gym_grpc.shared.reasons import INVALID_ITEM
 from nemo_gym_grpc.v1 import verify_pb2
 
 _R = TypeVar("_R")  # the request message (VerifyRequest, RunRequest)

@@ -16,8 +16,8 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, Protocol, TypeVar
 
-from nemo_gym_grpc.bridge.contract import MiB
 from nemo_gym_grpc.rewards.client.outcomes import Failure
+from nemo_gym_grpc.shared.contract import MiB
 
 ITEMS_PER_MESSAGE = 64
 # A message is closed early once its items reach this size (a big message only adds latency).

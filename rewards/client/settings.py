@@ -46,9 +46,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from nemo_gym_grpc.bridge.contract import RUN_TIMEOUT_ENV, TOKEN_ENV
-from nemo_gym_grpc.bridge.flags import http_url
 from nemo_gym_grpc.rewards.client.channels import Security
+from nemo_gym_grpc.shared.contract import RUN_TIMEOUT_ENV, TOKEN_ENV
+from nemo_gym_grpc.shared.flags import http_url
 
 T = TypeVar("T")
 

@@ -25,12 +25,12 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import grpc
 from google.rpc import status_pb2
 
-from nemo_gym_grpc.bridge.contract import MAX_MESSAGE_BYTES
-from nemo_gym_grpc.bridge.errors import ITEM_TOO_LARGE
 from nemo_gym_grpc.rewards.client import channels, embedded, resend, settings, stopping
 from nemo_gym_grpc.rewards.client.channels import Security
 from nemo_gym_grpc.rewards.client.outcomes import Failure, ProtocolError
 from nemo_gym_grpc.rewards.client.per_process import in_flight
+from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES
+from nemo_gym_grpc.shared.reasons import ITEM_TOO_LARGE
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc, verify_pb2, verify_pb2_grpc
 
 # Room for a stream message's own framing around its items.

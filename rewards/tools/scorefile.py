@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_grpc.bridge.errors import INVALID_ITEM
 from nemo_gym_grpc.rewards.client.convert import (
     InvalidText,
     json_object,
@@ -56,6 +55,7 @@ from nemo_gym_grpc.rewards.client.outcomes import (
     Outcome,
     finite_number,
 )
+from nemo_gym_grpc.shared.reasons import INVALID_ITEM
 from nemo_gym_grpc.v1 import verify_pb2
 
 # Per-item failure codes that say nothing about the row itself but about where it went: the

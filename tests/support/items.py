@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from google.rpc import error_details_pb2
 
-from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 MCQA_ROW = Path(__file__).resolve().parents[1] / "data" / "mcqa_row.json"
@@ -65,7 +65,7 @@ def error_info(result: verify_pb2.VerifyResponse) -> error_details_pb2.ErrorInfo
     assert len(result.error.details) == 1
     detail = error_details_pb2.ErrorInfo()
     assert result.error.details[0].Unpack(detail)
-    assert detail.domain == errors.ERROR_DOMAIN
+    assert detail.domain == reasons.ERROR_DOMAIN
     return detail
 
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import aiohttp
 
-from nemo_gym_grpc.bridge.config import BridgeConfig
-from nemo_gym_grpc.bridge.metrics import Metrics
+from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
+from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.nemo_gym import http
-from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.bridge.verifier import Verifier
+from nemo_gym_grpc.bridge.process.config import BridgeConfig
+from nemo_gym_grpc.bridge.process.metrics import Metrics
 
 
 def verifier_for(upstreams: Upstreams, session: aiohttp.ClientSession, **settings: Any) -> Verifier:

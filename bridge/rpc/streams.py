@@ -32,7 +32,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.interceptors import refuse_stream
+from nemo_gym_grpc.bridge.rpc.interceptors import refuse_stream
 
 # An item (VerifyRequest, RunRequest) and its result (VerifyResponse, RunResponse): messages
 # with a `request_id`, the result with an `error` oneof member.

@@ -1,6 +1,6 @@
 """The checks an item passes before any upstream call, and its encoding to HTTP bodies: a
 `VerifyRequest` here (`check_item`), with the rules every item shares (`check_envelope`, size,
-JSON); a `RunRequest`'s own rules are in `run_validation.py`.
+JSON); a `RunRequest`'s own rules are in `run_checks.py`.
 
 Pure: no I/O, no state. A failed check is that item's INVALID_ARGUMENT alone.
 """
@@ -19,6 +19,7 @@ from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import codec
 from nemo_gym_grpc.bridge.nemo_gym.sessions import seed_body
 from nemo_gym_grpc.bridge.nemo_gym.verify import build_verify_body
+from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2
 
 # The VerifyRequest fields that carry JSON text.
@@ -87,7 +88,7 @@ def check_size(request: Message, max_item_bytes: int) -> None:
     if size > max_item_bytes:
         raise errors.ItemError(
             code_pb2.INVALID_ARGUMENT,
-            errors.ITEM_TOO_LARGE,
+            reasons.ITEM_TOO_LARGE,
             f"item is {size} bytes; the bridge accepts items of at most {max_item_bytes} bytes",
             itemBytes=size,
             maxItemBytes=max_item_bytes,

@@ -20,6 +20,7 @@ from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import head
+from nemo_gym_grpc.shared import reasons
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +70,11 @@ class Kind:
 RESOURCES = Kind(
     "resources server",
     head.RESOURCES_SERVERS,
-    errors.UNKNOWN_RESOURCES_SERVER,
+    reasons.UNKNOWN_RESOURCES_SERVER,
     "resourcesServer",
     "resources_server",
 )
-AGENTS = Kind("agent", head.AGENT_SERVERS, errors.UNKNOWN_AGENT, "agent", "agent")
+AGENTS = Kind("agent", head.AGENT_SERVERS, reasons.UNKNOWN_AGENT, "agent", "agent")
 
 
 @dataclass
@@ -216,7 +217,7 @@ class Upstreams:
         if failed:
             error = errors.ItemError(
                 code_pb2.UNAVAILABLE,
-                errors.HEAD_SERVER_UNAVAILABLE,
+                reasons.HEAD_SERVER_UNAVAILABLE,
                 f"{noun} {name[:100]!r} is not known and the head server "
                 f"{self.head_url} could not be read: {failed}; known: {known}",
                 discoveryError=failed,

@@ -19,7 +19,8 @@ from typing import Any, NoReturn, cast
 import grpc
 from google.protobuf.message import DecodeError
 
-from nemo_gym_grpc.bridge.contract import HANDLER_KINDS, STREAM_METHODS
+from nemo_gym_grpc.bridge.rpc.handlers import HANDLER_KINDS
+from nemo_gym_grpc.shared.contract import STREAM_METHODS
 
 DRAIN_SECONDS = 1.0  # a client that has not half-closed by then is refused while it writes
 _STREAMS = " and ".join(STREAM_METHODS.values())  # "VerifyStream and RunStream"

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.balancer import Balancer, Replica
+from nemo_gym_grpc.bridge.flows.balancer import Balancer, Replica
+from nemo_gym_grpc.shared import reasons
 
 DEADLINE_MARGIN = 0.05
 DEADLINE_MARGIN_SHARE = 0.02
@@ -70,7 +71,7 @@ def deadline_passed(situation: str, **metadata: object) -> NotSent:
     sent. `metadata` as for `errors.ItemError`."""
     return NotSent(
         code_pb2.DEADLINE_EXCEEDED,
-        errors.UPSTREAM_TIMEOUT,
+        reasons.UPSTREAM_TIMEOUT,
         f"the RPC deadline passed {situation}",
         retryable=False,
         **metadata,

@@ -10,10 +10,11 @@ from collections.abc import AsyncIterable, AsyncIterator
 import aiohttp
 import grpc
 
-from nemo_gym_grpc.bridge import streams
-from nemo_gym_grpc.bridge.contract import VERIFY_SERVICE, add_service
-from nemo_gym_grpc.bridge.upstreams import Upstreams
-from nemo_gym_grpc.bridge.verifier import Verifier
+from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
+from nemo_gym_grpc.bridge.flows.verify import Verifier
+from nemo_gym_grpc.bridge.rpc import streams
+from nemo_gym_grpc.bridge.rpc.handlers import add_service
+from nemo_gym_grpc.shared.contract import VERIFY_SERVICE
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,6 @@ async def rediscover(
 
 
 def add_verify_service(service: VerifyService, server: grpc.aio.Server) -> None:
-    """Register `service` (`contract.add_service`), `Verify` parsed by `streams.lenient`."""
+    """Register `service` (`handlers.add_service`), `Verify` parsed by `streams.lenient`."""
     parsers = {"Verify": streams.lenient(verify_pb2.VerifyRequest)}
     add_service(service, server, VERIFY_SERVICE, verify_pb2, parsers)

@@ -1,7 +1,7 @@
 """The `nemo-gym-grpc` console script: `serve` runs the bridge; `score`, `export` and
 `openrlhf-rm` run on the trainer side.
 
-    nemo-gym-grpc serve ...                     the bridge (`nemo_gym_grpc.bridge.cli`)
+    nemo-gym-grpc serve ...                     the bridge (`nemo_gym_grpc.bridge.process.cli`)
     nemo-gym-grpc score ROWS.jsonl -o OUT.jsonl re-verify saved rollouts (`score.py`)
     nemo-gym-grpc export ROWS.jsonl -o OUT ...  verl / slime / OpenRLHF data (`export.py`)
     nemo-gym-grpc openrlhf-rm                   OpenRLHF's remote reward HTTP contract
@@ -19,8 +19,8 @@ import os
 import sys
 from pathlib import Path
 
-from nemo_gym_grpc.bridge import cli as bridge_cli
-from nemo_gym_grpc.bridge.flags import (
+from nemo_gym_grpc.bridge.process import cli as bridge_cli
+from nemo_gym_grpc.shared.flags import (
     http_url,
     non_negative_float,
     parse_command,
@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `nemo-gym-grpc` console script (`argv`, default `sys.argv[1:]`).
 
     Returns the exit status: 2 with one line on stderr for arguments that cannot run
-    (`refusal`); else `serve`'s is `nemo_gym_grpc.bridge.cli.main`'s, `score`'s `run_score`'s,
-    `export`'s `run_export`'s, `openrlhf-rm`'s `openrlhf.serve`'s.
+    (`refusal`); else `serve`'s is `nemo_gym_grpc.bridge.process.cli.main`'s, `score`'s
+    `run_score`'s, `export`'s `run_export`'s, `openrlhf-rm`'s `openrlhf.serve`'s.
 
     Raises:
         SystemExit: 2 (with a one-line message) for bad arguments; 0 for `--help`.

@@ -1,9 +1,9 @@
 """The run flow: one rollout (`RunRequest`) -> NeMo Gym `POST /run` on one replica of its agent
 server or environment server -> one `RunResponse`.
 
-The steps, top to bottom: check the rollout (`run_validation.check_run`), resolve its agent
+The steps, top to bottom: check the rollout (`run_checks.check_run`), resolve its agent
 (`Upstreams.resolve` on the AGENTS table, which also gives the protocol), build the body
-(`run_validation.check_body`), wait for one of the agent's `--agent-concurrency` slots
+(`run_checks.check_body`), wait for one of the agent's `--agent-concurrency` slots
 (bounded by the RPC deadline, `attempts.slot_wait`), its attempts (`attempts.Attempts`),
 read the reply (`nemo_gym.run.read_rollout` or `nemo_gym.episodes.read_episode_reply`).
 
@@ -27,17 +27,19 @@ import time
 
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import attempts, errors, run_validation
-from nemo_gym_grpc.bridge.attempts import RetryPolicy
-from nemo_gym_grpc.bridge.balancer import Balancer, Replica, Slots, SlotTimeout
-from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
+from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.flows import attempts, run_checks
+from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
+from nemo_gym_grpc.bridge.flows.balancer import Balancer, Replica, Slots, SlotTimeout
+from nemo_gym_grpc.bridge.flows.run_checks import Checked
+from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.bridge.nemo_gym import episodes, http, reports
 from nemo_gym_grpc.bridge.nemo_gym.head import ENVIRONMENT
 from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply, post
 from nemo_gym_grpc.bridge.nemo_gym.run import RUN_PATH, Ran, read_rollout
 from nemo_gym_grpc.bridge.nemo_gym.verify import parse_reply
-from nemo_gym_grpc.bridge.run_validation import Checked
-from nemo_gym_grpc.bridge.upstreams import Upstreams
+from nemo_gym_grpc.bridge.process.metrics import UNKNOWN_SERVER, Metrics
+from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
@@ -122,11 +124,11 @@ class Runner:
         self, request: rollout_pb2.RunRequest, deadline: float | None
     ) -> tuple[Ran, float]:
         """(the rollout, seconds of its `/run` call), or ItemError."""
-        run_validation.check_run(request, max_item_bytes=self._max_item_bytes)
+        run_checks.check_run(request, max_item_bytes=self._max_item_bytes)
         name = request.agent
         urls = await self.agents.resolve(name)
         protocol = self.agents.protocol(name)
-        checked = run_validation.check_body(request, protocol)
+        checked = run_checks.check_body(request, protocol)
         slots = self._slots.get(name)
         if slots is None:
             slots = self._slots[name] = Slots(self._concurrency)
@@ -235,7 +237,7 @@ def _not_started(exc: errors.ItemError) -> bool:
     (never sent) or an environment server's admission refusal."""
     if isinstance(exc, Refused):
         return True
-    return exc.reason == errors.UPSTREAM_EPISODE_FAILED and exc.retryable
+    return exc.reason == reasons.UPSTREAM_EPISODE_FAILED and exc.retryable
 
 
 def _response(request_id: str, ran: Ran, seconds: float) -> rollout_pb2.RunResponse:

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_grpc.bridge.attempts import RetryPolicy
-from nemo_gym_grpc.bridge.contract import MAX_MESSAGE_BYTES, RUN_TIMEOUT_ENV, TOKEN_ENV, MiB
-from nemo_gym_grpc.bridge.flags import (
+from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
+from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES, RUN_TIMEOUT_ENV, TOKEN_ENV, MiB
+from nemo_gym_grpc.shared.flags import (
     Flag,
     http_url,
     listen_address,

@@ -18,18 +18,23 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure, check_limits, check_tls
-from nemo_gym_grpc.bridge.contract import SERVICES
-from nemo_gym_grpc.bridge.health import NOT_SERVING, Readiness
-from nemo_gym_grpc.bridge.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
-from nemo_gym_grpc.bridge.metrics import Metrics, start_metrics_server
+from nemo_gym_grpc.bridge.flows.run import Runner
+from nemo_gym_grpc.bridge.flows.upstreams import AGENTS, Upstreams
+from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.nemo_gym import http
 from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
-from nemo_gym_grpc.bridge.rollout_service import RolloutService, add_rollout_service
-from nemo_gym_grpc.bridge.runner import Runner
-from nemo_gym_grpc.bridge.service import VerifyService, add_verify_service
-from nemo_gym_grpc.bridge.upstreams import AGENTS, Upstreams
-from nemo_gym_grpc.bridge.verifier import Verifier
+from nemo_gym_grpc.bridge.process.config import (
+    BridgeConfig,
+    check_exposure,
+    check_limits,
+    check_tls,
+)
+from nemo_gym_grpc.bridge.process.metrics import Metrics, start_metrics_server
+from nemo_gym_grpc.bridge.rpc.health import NOT_SERVING, Readiness
+from nemo_gym_grpc.bridge.rpc.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
+from nemo_gym_grpc.bridge.rpc.rollout_service import RolloutService, add_rollout_service
+from nemo_gym_grpc.bridge.rpc.verify_service import VerifyService, add_verify_service
+from nemo_gym_grpc.shared.contract import SERVICES
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """Command line of the bridge: `python -m nemo_gym_grpc.bridge serve ...`, which the
-`nemo-gym-grpc` console script (`nemo_gym_grpc.rewards.tools.cli`) runs for `serve`.
+`nemo-gym-grpc` console script (`nemo_gym_grpc.cli`) runs for `serve`.
 
 `serve`'s flags are generated from `BridgeConfig`'s fields and `PROCESS_FLAGS`; each falls back
-to an environment variable (`flags.py`). The trainer-side commands (`score`, `export`,
-`openrlhf-rm`) live with the trainer side: this module imports nothing of it.
+to an environment variable (`nemo_gym_grpc.shared.flags`). The trainer-side commands (`score`,
+`export`, `openrlhf-rm`) live with the trainer side: this module imports nothing of it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,15 @@ import sys
 
 from pythonjsonlogger.json import JsonFormatter
 
-from nemo_gym_grpc.bridge.config import BridgeConfig, check_exposure, check_limits, check_tls
-from nemo_gym_grpc.bridge.flags import (
+from nemo_gym_grpc.bridge.process.config import (
+    BridgeConfig,
+    check_exposure,
+    check_limits,
+    check_tls,
+)
+from nemo_gym_grpc.bridge.process.workers import run_workers
+from nemo_gym_grpc.bridge.rpc.server import run
+from nemo_gym_grpc.shared.flags import (
     Flag,
     add_flags,
     log_level,
@@ -23,8 +30,6 @@ from nemo_gym_grpc.bridge.flags import (
     positive_int,
     resolve,
 )
-from nemo_gym_grpc.bridge.server import run
-from nemo_gym_grpc.bridge.workers import run_workers
 
 # Settings of the serve process itself, not of one bridge (so not BridgeConfig fields).
 WORKERS = Flag(

@@ -17,8 +17,8 @@ import socket
 import time
 from pathlib import Path
 
-from nemo_gym_grpc.bridge.config import BridgeConfig
-from nemo_gym_grpc.bridge.server import check_free, read_ready_file, run, write_ready_file
+from nemo_gym_grpc.bridge.process.config import BridgeConfig
+from nemo_gym_grpc.bridge.rpc.server import check_free, read_ready_file, run, write_ready_file
 
 log = logging.getLogger(__name__)
 

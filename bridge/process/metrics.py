@@ -40,7 +40,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from nemo_gym_grpc.bridge.balancer import Balancer
+from nemo_gym_grpc.bridge.flows.balancer import Balancer
 
 UNKNOWN_SERVER = "(unknown)"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

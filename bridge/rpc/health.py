@@ -21,9 +21,9 @@ import logging
 import aiohttp
 from grpc_health.v1 import health, health_pb2
 
-from nemo_gym_grpc.bridge.contract import ROLLOUT_SERVICE, VERIFY_SERVICE
+from nemo_gym_grpc.bridge.flows.upstreams import Repeats, Upstreams
 from nemo_gym_grpc.bridge.nemo_gym.http import answers
-from nemo_gym_grpc.bridge.upstreams import Repeats, Upstreams
+from nemo_gym_grpc.shared.contract import ROLLOUT_SERVICE, VERIFY_SERVICE
 
 log = logging.getLogger(__name__)
 

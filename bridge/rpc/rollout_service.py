@@ -9,10 +9,11 @@ from collections.abc import AsyncIterable, AsyncIterator
 
 import grpc
 
-from nemo_gym_grpc.bridge import streams
-from nemo_gym_grpc.bridge.contract import ROLLOUT_SERVICE, add_service
-from nemo_gym_grpc.bridge.runner import Runner
-from nemo_gym_grpc.bridge.service import rediscover
+from nemo_gym_grpc.bridge.flows.run import Runner
+from nemo_gym_grpc.bridge.rpc import streams
+from nemo_gym_grpc.bridge.rpc.handlers import add_service
+from nemo_gym_grpc.bridge.rpc.verify_service import rediscover
+from nemo_gym_grpc.shared.contract import ROLLOUT_SERVICE
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,6 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
 
 
 def add_rollout_service(service: RolloutService, server: grpc.aio.Server) -> None:
-    """Register `service` (`contract.add_service`), `Run` parsed by `streams.lenient`."""
+    """Register `service` (`handlers.add_service`), `Run` parsed by `streams.lenient`."""
     parsers = {"Run": streams.lenient(rollout_pb2.RunRequest)}
     add_service(service, server, ROLLOUT_SERVICE, rollout_pb2, parsers)

@@ -1,7 +1,7 @@
 """The verify flow: one item -> NeMo Gym `POST /verify` on one of its server's replicas (after
 `POST /seed_session` when the item runs as a session) -> one `VerifyResponse`.
 
-The steps, top to bottom: check the item (`validation.check_item`), resolve its resources
+The steps, top to bottom: check the item (`checks.check_item`), resolve its resources
 server (`Upstreams.resolve`), its attempts (`attempts.Attempts`; a transient failure is
 retried), each in one of its replica's slots, and read the reply
 (`nemo_gym.verify.read_verify_reply`). Every call ends in exactly one `VerifyResponse`: the
@@ -19,15 +19,17 @@ from dataclasses import dataclass
 
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge import attempts, errors, validation
-from nemo_gym_grpc.bridge.attempts import RetryPolicy
-from nemo_gym_grpc.bridge.balancer import Balancer, Replica, SlotTimeout
-from nemo_gym_grpc.bridge.metrics import UNKNOWN_SERVER, Metrics
+from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.flows import attempts, checks
+from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
+from nemo_gym_grpc.bridge.flows.balancer import Balancer, Replica, SlotTimeout
+from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation, http, reports, sessions
 from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply, post
 from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, SEED_PATH
 from nemo_gym_grpc.bridge.nemo_gym.verify import VERIFY_PATH, Scored, read_verify_reply
-from nemo_gym_grpc.bridge.upstreams import Upstreams
+from nemo_gym_grpc.bridge.process.metrics import UNKNOWN_SERVER, Metrics
+from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2
 
 log = logging.getLogger(__name__)
@@ -137,7 +139,7 @@ class Verifier:
         self, request: verify_pb2.VerifyRequest, deadline: float | None
     ) -> tuple[Scored, float]:
         """(score, seconds of its `/verify` call), or ItemError."""
-        payload, seed = validation.check_item(
+        payload, seed = checks.check_item(
             request, max_item_bytes=self._max_item_bytes, session_servers=self._session_servers
         )
         name = request.resources_server
@@ -249,10 +251,10 @@ class Verifier:
             seeded = await self._post(replica, base, SEED_PATH, call, body, "", deadline, queued)
             if seeded.status != 200:
                 raise errors.http_status_error(
-                    seeded.status, base + SEED_PATH, seeded.body, errors.UPSTREAM_SESSION_FAILED
+                    seeded.status, base + SEED_PATH, seeded.body, reasons.UPSTREAM_SESSION_FAILED
                 )
         except errors.ItemError as exc:
-            exc.reason = errors.UPSTREAM_SESSION_FAILED
+            exc.reason = reasons.UPSTREAM_SESSION_FAILED
             sent = not isinstance(exc, (Refused, attempts.NotSent))
             if sent and caps.typed_seed_only and caps.close_session:
                 self._close(base, opened, "", call)

@@ -1,0 +1,3 @@
+"""The bridge's gRPC face: the server (`server`), the services (`verify_service`,
+`rollout_service`, `health`), their handler tables (`handlers`), the bidirectional streams
+(`streams`) and the interceptors (token, stream limit, logging)."""

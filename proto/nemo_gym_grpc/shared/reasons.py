@@ -1,0 +1,29 @@
+"""The reasons of per-item failures (`google.rpc.ErrorInfo.reason`, domain ERROR_DOMAIN) that
+the bridge sets and the trainer side matches on (docs/failures.md lists each with its code and
+what to do), and the codes whose cause is usually gone a moment later."""
+
+from __future__ import annotations
+
+from google.rpc import code_pb2
+
+ERROR_DOMAIN = "nemo-gym-grpc"
+
+# Reasons (ErrorInfo.reason) the bridge sets.
+INVALID_ITEM = "INVALID_ITEM"
+ITEM_TOO_LARGE = "ITEM_TOO_LARGE"
+UNKNOWN_RESOURCES_SERVER = "UNKNOWN_RESOURCES_SERVER"
+HEAD_SERVER_UNAVAILABLE = "HEAD_SERVER_UNAVAILABLE"
+UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
+UPSTREAM_TIMEOUT = "UPSTREAM_TIMEOUT"
+UPSTREAM_HTTP_ERROR = "UPSTREAM_HTTP_ERROR"
+UPSTREAM_BAD_REPLY = "UPSTREAM_BAD_REPLY"
+UPSTREAM_JUDGE_FAILED = "UPSTREAM_JUDGE_FAILED"
+UPSTREAM_MASKED_SAMPLE = "UPSTREAM_MASKED_SAMPLE"
+UPSTREAM_SESSION_FAILED = "UPSTREAM_SESSION_FAILED"
+BRIDGE_INTERNAL = "BRIDGE_INTERNAL"
+# Rollouts (RolloutService).
+UNKNOWN_AGENT = "UNKNOWN_AGENT"
+UPSTREAM_EPISODE_FAILED = "UPSTREAM_EPISODE_FAILED"
+
+# Codes whose cause is usually gone a moment later (gRPC's status-code guide).
+RETRYABLE_CODES = frozenset({code_pb2.UNAVAILABLE, code_pb2.RESOURCE_EXHAUSTED})
