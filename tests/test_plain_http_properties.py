@@ -145,6 +145,11 @@ async def _aiohttp(session: aiohttp.ClientSession, url: str) -> object:
         return "failed"
     except aiohttp.ServerDisconnectedError:
         return "failed"
+    except TimeoutError:
+        # aiohttp 3.14.5 never reports some framing errors: a chunked reply whose chunk size is
+        # "zz", its first byte sent alone, then its head, then its body, waits for the whole
+        # timeout (measured; the same bytes in other pieces fail at once). A failure still.
+        return "failed"
 
 
 @settings(

@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 
 from tests.support.errors import NemoGymError
+from tests.support.layout import lay_out
 from tests.support.venv import MARKER_NAME, file_lock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,18 +58,8 @@ def deps_dir(venv: Path) -> Path:
 
 
 def package_layout(workdir: Path) -> Path:
-    """`workdir`/pkg/nemo_gym_grpc/{bridge,rewards,v1} as symlinks into this checkout."""
-    root = workdir / "pkg"
-    (root / "nemo_gym_grpc").mkdir(parents=True, exist_ok=True)
-    for name, source in (
-        ("bridge", "bridge"),
-        ("rewards", "rewards"),
-        ("v1", "proto/nemo_gym_grpc/v1"),
-    ):
-        link = root / "nemo_gym_grpc" / name
-        if not link.is_symlink():
-            link.symlink_to(REPO / source, target_is_directory=True)
-    return root
+    """`workdir`/pkg/nemo_gym_grpc/<part> as symlinks into this checkout (`layout.lay_out`)."""
+    return lay_out(workdir / "pkg")
 
 
 def gym_pythonpath(venv: Path, workdir: Path) -> str:
