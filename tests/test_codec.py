@@ -1,5 +1,5 @@
 """The bridge's JSON codec (`nemo_gym.codec`: msgspec with the standard library's rules) as
-items see it through `checks.check_item`: pure, no network, no NeMo Gym."""
+items see it through `verify_checks.check_item`: pure, no network, no NeMo Gym."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.flows.checks import check_item
+from nemo_gym_grpc.bridge.flows.verify_checks import check_item
 from nemo_gym_grpc.bridge.nemo_gym import codec
 from nemo_gym_grpc.v1 import verify_pb2
 

@@ -30,7 +30,7 @@ import pytest
 import requests
 from aiohttp import web
 
-from nemo_gym_grpc.bridge.nemo_gym.verify import MAX_FAILURE_REASON
+from nemo_gym_grpc.bridge.nemo_gym.scores import MAX_FAILURE_REASON
 from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn, run_rollouts
 from nemo_gym_grpc.rewards.client.outcomes import Failure
 from nemo_gym_grpc.rewards.trl.logs import MAX_LOGGED_TEXT

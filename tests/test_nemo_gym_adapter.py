@@ -14,7 +14,7 @@ from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.bridge.flows.verify import Verifier
-from nemo_gym_grpc.bridge.nemo_gym import http, sessions, verify
+from nemo_gym_grpc.bridge.nemo_gym import http, scores, sessions, verify
 from nemo_gym_grpc.bridge.process.metrics import Metrics
 from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2
@@ -32,7 +32,7 @@ def test_a_reply_gives_its_reward_components_and_only_on_request_its_other_field
     raw = json.dumps(
         {"reward": 1, "reward_components": {"a": 0.5}, "response": {}, "extracted": "B"}
     ).encode()
-    assert verify.read_verify_reply(raw, URL, False) == verify.Scored(1.0, {"a": 0.5}, "")
+    assert verify.read_verify_reply(raw, URL, False) == scores.Scored(1.0, {"a": 0.5}, "")
     scored = verify.read_verify_reply(raw, URL, True)
     assert json.loads(scored.reply_json) == {"extracted": "B"}
 
@@ -188,12 +188,12 @@ def test_failure_texts_are_cut_and_made_utf8():
         "failure_reason": "\ud800" + "r" * 5000,
     }
     scored = verify.read_verify_reply(json.dumps(reply).encode(), URL, False)
-    assert scored.failure_kind == "k" * verify.MAX_FAILURE_KIND
-    assert len(scored.failure_reason) == verify.MAX_FAILURE_REASON
+    assert scored.failure_kind == "k" * scores.MAX_FAILURE_KIND
+    assert len(scored.failure_reason) == scores.MAX_FAILURE_REASON
     assert scored.failure_reason.startswith("\ufffdrrr")
     with pytest.raises(errors.ItemError) as caught:
         verify.read_verify_reply(json.dumps({**reply, "mask_sample": True}).encode(), URL, False)
-    assert len(caught.value.metadata["failureReason"]) == verify.MAX_FAILURE_REASON
+    assert len(caught.value.metadata["failureReason"]) == scores.MAX_FAILURE_REASON
     assert len(caught.value.message) < 500  # the message holds the first 200 characters
 
 

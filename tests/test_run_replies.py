@@ -23,7 +23,7 @@ from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym.episodes import read_episode_reply
 from nemo_gym_grpc.bridge.nemo_gym.head import AGENT_SERVERS, parse_servers
 from nemo_gym_grpc.bridge.nemo_gym.run import read_rollout
-from nemo_gym_grpc.bridge.nemo_gym.verify import parse_reply
+from nemo_gym_grpc.bridge.nemo_gym.scores import parse_reply
 from nemo_gym_grpc.shared import reasons
 
 URL = "http://127.0.0.1:9/run"

@@ -1,4 +1,5 @@
-"""Item checks and encoding (`bridge.flows.checks.check_item`): pure, no network, no NeMo Gym."""
+"""Item checks and encoding (`bridge.flows.verify_checks.check_item`): pure, no network,
+no NeMo Gym."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.flows.checks import check_item
+from nemo_gym_grpc.bridge.flows.verify_checks import check_item
 from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2
 

@@ -1,4 +1,6 @@
 """The bridge's flows: one item in, one outcome out. `verify` (a `/verify` item) and `run` (a
-`/run` rollout) build their bodies and read their replies; what they share: the item checks
-(`checks`, `run_checks`), the routing table (`upstreams`), the replicas and their slots
-(`balancer`), the attempts and the deadline cut (`attempts`)."""
+`/run` rollout) check their items (`verify_checks`, `run_checks`), build their bodies and read
+their replies; what they share: the rules every item passes (`checks`), the routing table
+(`upstreams`), the one upstream call path (`upstream`: the attempts, the POST, the reply read)
+over the replicas and their slots (`balancer`) and the retry policy and deadline cut
+(`attempts`)."""

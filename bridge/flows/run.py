@@ -4,8 +4,9 @@ server or environment server -> one `RunResponse`.
 The steps, top to bottom: check the rollout (`run_checks.check_run`), resolve its agent
 (`Upstreams.resolve` on the AGENTS table, which also gives the protocol), build the body
 (`run_checks.check_body`), wait for one of the agent's `--agent-concurrency` slots
-(bounded by the RPC deadline, `attempts.slot_wait`), its attempts (`attempts.Attempts`),
-read the reply (`nemo_gym.run.read_rollout` or `nemo_gym.episodes.read_episode_reply`).
+(bounded by the RPC deadline, `attempts.slot_wait`), its attempts on the one upstream call
+path (`upstream`), read the reply (`nemo_gym.run.read_rollout` or
+`nemo_gym.episodes.read_episode_reply`).
 
 Retries happen only where the rollout cannot have started: the connection was refused (the
 request was never sent), or an environment server refused the episode at admission. A
@@ -21,23 +22,23 @@ cancelled request: NeMo Gym 0.7 cancels the rollout's handler) and the agent's s
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
-import time
+from collections.abc import Callable
 
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.flows import attempts, run_checks
+from nemo_gym_grpc.bridge.flows import attempts, run_checks, upstream
 from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.flows.balancer import Balancer, Replica, Slots, SlotTimeout
 from nemo_gym_grpc.bridge.flows.run_checks import Checked
 from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
-from nemo_gym_grpc.bridge.nemo_gym import episodes, http, reports
+from nemo_gym_grpc.bridge.nemo_gym import episodes, http
 from nemo_gym_grpc.bridge.nemo_gym.head import ENVIRONMENT
-from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply, post
+from nemo_gym_grpc.bridge.nemo_gym.http import Refused
 from nemo_gym_grpc.bridge.nemo_gym.run import RUN_PATH, Ran, read_rollout
-from nemo_gym_grpc.bridge.nemo_gym.verify import parse_reply
+from nemo_gym_grpc.bridge.nemo_gym.scores import parse_reply
 from nemo_gym_grpc.bridge.process.metrics import UNKNOWN_SERVER, Metrics
 from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import rollout_pb2
@@ -134,21 +135,19 @@ class Runner:
             slots = self._slots[name] = Slots(self._concurrency)
         try:
             async with slots.use(attempts.slot_wait(deadline)) as queued:
-                tries = attempts.Attempts(self._retry, deadline, self.balancer, urls)
-                while True:
-                    replica = tries.next()
-                    try:
-                        return await self._attempt(
-                            replica, request, checked, protocol, tries.number, deadline, queued
-                        )
-                    except errors.ItemError as exc:
-                        await tries.again(exc, _not_started(exc))  # raises it when final
-                        log.info(
-                            "retrying rollout request_id=%r on %s (%s): it did not start",
-                            request.request_id[:100],
-                            name,
-                            exc.reason,
-                        )
+                return await upstream.attempted(
+                    attempts.Attempts(self._retry, deadline, self.balancer, urls),
+                    lambda replica, number: self._attempt(
+                        replica, request, checked, protocol, number, deadline, queued
+                    ),
+                    may_retry=_not_started,
+                    retrying=lambda failure: log.info(
+                        "retrying rollout request_id=%r on %s (%s): it did not start",
+                        request.request_id[:100],
+                        name,
+                        failure.reason,
+                    ),
+                )
         except SlotTimeout as exc:
             raise attempts.deadline_passed(
                 f"while waiting {exc.queued:.3f} s for one of the {self._concurrency} slots of "
@@ -169,7 +168,7 @@ class Runner:
     ) -> tuple[Ran, float]:
         """Attempt number `attempt` (1 = the first) on one replica, in one of its slots: the
         `/run` POST and its reply read. A failure carries `queuedSeconds` (the wait for the
-        agent's slot) when the item waited; a refused connection passes the replica over."""
+        agent's slot) when the item waited."""
         url = replica.url + RUN_PATH
         if protocol == ENVIRONMENT:
             body = checked.episode_body(request.request_id, attempt - 1)
@@ -177,59 +176,33 @@ class Runner:
             body = checked.payload
         try:
             async with replica.use():
-                reply = await self._post(url, request, body, deadline)
-            return self._read(reply, url, protocol, request.include_reply)
+                reply = await upstream.post(
+                    self._client,
+                    replica,
+                    url,
+                    body,
+                    request_id=request.request_id,
+                    item_timeout=request.timeout_seconds,
+                    default_timeout=self._default_timeout,
+                    deadline=deadline,
+                    record=functools.partial(self.metrics.rollout_call, request.agent),
+                )
+            ran = upstream.read(
+                reply, url, _reader(protocol, url, request.include_reply), errors.run_status_error
+            )
         except errors.ItemError as exc:
             if exc.metadata.get("queuedSeconds") is None and queued:
                 exc.metadata["queuedSeconds"] = f"{queued:.3f}"
-            if isinstance(exc, Refused):
-                replica.refused()
-            raise
-
-    async def _post(
-        self,
-        url: str,
-        request: rollout_pb2.RunRequest,
-        body: bytes,
-        deadline: float | None,
-    ) -> Reply:
-        """One `/run` POST with the rollout's timeout cut to what the RPC deadline leaves
-        (`attempts.call_timeout`); counted in the rollout latency metric. Raises ItemError."""
-        timeout = attempts.call_timeout(request.timeout_seconds, self._default_timeout, deadline)
-        if timeout <= 0:
-            raise attempts.deadline_passed(
-                f"before the rollout could be sent to {url}", upstreamUrl=url
-            )
-        name = request.agent
-        started = time.monotonic()
-        try:
-            reply = await post(
-                self._client, url, body, timeout=timeout, request_id=request.request_id
-            )
-        except errors.ItemError as exc:
-            self.metrics.rollout_call(name, exc.latency_seconds)
-            raise
-        except asyncio.CancelledError:  # the request is closed; it still took this long
-            self.metrics.rollout_call(name, time.monotonic() - started)
-            raise
-        self.metrics.rollout_call(name, reply.seconds)
-        return reply
-
-    def _read(
-        self, reply: Reply, url: str, protocol: str, include_reply: bool
-    ) -> tuple[Ran, float]:
-        try:
-            if reply.status != 200:
-                raise errors.run_status_error(reply.status, url, reply.body)
-            if protocol == ENVIRONMENT:
-                ran = episodes.read_episode_reply(reply.body, url, include_reply)
-            else:
-                ran = read_rollout(parse_reply(reply.body, url), url, include_reply)
-        except errors.ItemError as exc:
-            exc.latency_seconds = reply.seconds
-            reports.attach(exc, reply.failure_report)
             raise
         return ran, reply.seconds
+
+
+def _reader(protocol: str, url: str, include_reply: bool) -> Callable[[bytes], Ran]:
+    """What reads a 200 `/run` reply body from `url` of a server of `protocol` (an
+    environment server's episode, else an agent's rollout)."""
+    if protocol == ENVIRONMENT:
+        return lambda body: episodes.read_episode_reply(body, url, include_reply)
+    return lambda body: read_rollout(parse_reply(body, url), url, include_reply)
 
 
 def _not_started(exc: errors.ItemError) -> bool:

@@ -1,6 +1,6 @@
 """The checks a rollout (`RunRequest`) passes before any upstream call, and its encoding to
 the `/run` body of its server's protocol. Pure: no I/O, no state. A failed check is that
-rollout's INVALID_ARGUMENT alone. Size and JSON rules are those of `checks.check_item`.
+rollout's INVALID_ARGUMENT alone. Size and JSON rules are every item's (`checks`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from nemo_gym_grpc.bridge.flows.checks import check_envelope, encode, json_objec
 from nemo_gym_grpc.bridge.nemo_gym import codec, episodes
 from nemo_gym_grpc.bridge.nemo_gym.correlation import rollout_id_problem
 from nemo_gym_grpc.bridge.nemo_gym.head import ENVIRONMENT
-from nemo_gym_grpc.bridge.nemo_gym.verify import build_row
+from nemo_gym_grpc.bridge.nemo_gym.rows import build_row
 from nemo_gym_grpc.v1 import rollout_pb2
 
 # The RunRequest fields that carry JSON text.

@@ -1,9 +1,9 @@
 """The verify flow: one item -> NeMo Gym `POST /verify` on one of its server's replicas (after
 `POST /seed_session` when the item runs as a session) -> one `VerifyResponse`.
 
-The steps, top to bottom: check the item (`checks.check_item`), resolve its resources
-server (`Upstreams.resolve`), its attempts (`attempts.Attempts`; a transient failure is
-retried), each in one of its replica's slots, and read the reply
+The steps, top to bottom: check the item (`verify_checks.check_item`), resolve its resources
+server (`Upstreams.resolve`), its attempts on the one upstream call path (`upstream`; a
+transient failure is retried), each in one of its replica's slots, and read the reply
 (`nemo_gym.verify.read_verify_reply`). Every call ends in exactly one `VerifyResponse`: the
 reward, or a per-item `error`. The only exception that escapes is `asyncio.CancelledError` (the
 RPC was cancelled); the in-flight HTTP request is then closed and its upstream slot freed.
@@ -11,23 +11,23 @@ RPC was cancelled); the in-flight HTTP request is then closed and its upstream s
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.flows import attempts, checks
+from nemo_gym_grpc.bridge.flows import attempts, upstream, verify_checks
 from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
 from nemo_gym_grpc.bridge.flows.balancer import Balancer, Replica, SlotTimeout
 from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
-from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation, http, reports, sessions
-from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply, post
+from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation, http, sessions
+from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply
+from nemo_gym_grpc.bridge.nemo_gym.scores import Scored
 from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, SEED_PATH
-from nemo_gym_grpc.bridge.nemo_gym.verify import VERIFY_PATH, Scored, read_verify_reply
+from nemo_gym_grpc.bridge.nemo_gym.verify import VERIFY_PATH, read_verify_reply
 from nemo_gym_grpc.bridge.process.metrics import UNKNOWN_SERVER, Metrics
 from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2
@@ -139,7 +139,7 @@ class Verifier:
         self, request: verify_pb2.VerifyRequest, deadline: float | None
     ) -> tuple[Scored, float]:
         """(score, seconds of its `/verify` call), or ItemError."""
-        payload, seed = checks.check_item(
+        payload, seed = verify_checks.check_item(
             request, max_item_bytes=self._max_item_bytes, session_servers=self._session_servers
         )
         name = request.resources_server
@@ -147,14 +147,11 @@ class Verifier:
         call = _Call(
             name, request.request_id, payload, seed, request.timeout_seconds, request.include_reply
         )
-        tries = attempts.Attempts(self._retry, deadline, self.balancer, urls)
-        while True:
-            replica = tries.next()
-            try:
-                return await self._attempt(replica, call, tries.number, deadline)
-            except errors.ItemError as exc:
-                await tries.again(exc)  # raises it when it is final
-                self.metrics.retry(name, exc.reason)
+        return await upstream.attempted(
+            attempts.Attempts(self._retry, deadline, self.balancer, urls),
+            lambda replica, number: self._attempt(replica, call, number, deadline),
+            retrying=lambda failure: self.metrics.retry(name, failure.reason),
+        )
 
     async def _attempt(
         self, replica: Replica, call: _Call, attempt: int, deadline: float | None
@@ -198,14 +195,13 @@ class Verifier:
         except SlotTimeout as exc:
             raise _slot_timeout(url, exc.queued) from None
         try:
-            if reply.status != 200:
-                raise errors.http_status_error(reply.status, url, reply.body)
-            return read_verify_reply(reply.body, url, call.include_reply), reply.seconds
+            scored = upstream.read(
+                reply, url, lambda body: read_verify_reply(body, url, call.include_reply)
+            )
         except errors.ItemError as exc:
-            exc.latency_seconds = reply.seconds
-            reports.attach(exc, reply.failure_report)
             _no_reverify(exc, caps, sent=True)
             raise
+        return scored, reply.seconds
 
     async def _learned(self, replica: Replica, deadline: float | None) -> capabilities.Capabilities:
         """What `replica` supports, waiting for it at most `capabilities.LEARN_TIMEOUT` and
@@ -296,35 +292,21 @@ class Verifier:
         deadline: float | None,
         queued: float,
     ) -> Reply:
-        """One POST of `body` to `base + path` on `replica`, with the item's timeout cut to
-        what the RPC deadline leaves (`attempts.call_timeout`); counted in the latency metric
-        under `path`. Raises ItemError (`attempts.NotSent` when the deadline passed before
-        sending)."""
-        url = base + path
-        timeout = attempts.call_timeout(call.timeout, self._default_timeout, deadline)
-        if timeout <= 0:
-            raise _slot_timeout(url, queued)
-        started = time.monotonic()
-        try:
-            reply = await post(
-                self._client,
-                url,
-                body,
-                timeout=timeout,
-                request_id=call.request_id,
-                cookie=cookie,
-                queued=queued,
-            )
-        except errors.ItemError as exc:
-            if isinstance(exc, Refused):
-                replica.refused()  # passed over while another replica is available
-            self.metrics.call(call.name, path, exc.latency_seconds)
-            raise
-        except asyncio.CancelledError:  # the RPC was cancelled: the call still took this long
-            self.metrics.call(call.name, path, time.monotonic() - started)
-            raise
-        self.metrics.call(call.name, path, reply.seconds)
-        return reply
+        """One POST of `body` to `base + path` on `replica` (`upstream.post`), counted in the
+        latency metric under `path`."""
+        return await upstream.post(
+            self._client,
+            replica,
+            base + path,
+            body,
+            request_id=call.request_id,
+            item_timeout=call.timeout,
+            default_timeout=self._default_timeout,
+            deadline=deadline,
+            record=functools.partial(self.metrics.call, call.name, path),
+            cookie=cookie,
+            queued=queued,
+        )
 
 
 def _slot_timeout(url: str, queued: float) -> attempts.NotSent:

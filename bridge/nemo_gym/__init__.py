@@ -8,7 +8,9 @@ server has it; `POST /run` on an agent server (`run.py`) and on an environment s
 (`episodes.py`), plain (neither has a prefixed route); `GET /openapi.json` and
 `/reverify_mode` to learn what a server supports (`capabilities.py`); `GET /` as its liveness
 probe (`http.py`, with the POST itself and its error mapping), and the head server's
-`GET /global_config_dict_yaml` (`head.py`). `codec.py` is the JSON codec of the bodies;
+`GET /global_config_dict_yaml` (`head.py`). What the verify and run bodies and replies share:
+the row with its `responses_create_params` (`rows.py`) and the score in a reply (`scores.py`).
+`codec.py` is the JSON codec of the bodies;
 `reports.py` the failure report a later NeMo Gym may send (a reply header, an episode field),
 passed on opaque and bounded. `plain_http.py` is the bridge's own HTTP/1.1 client.
 """

@@ -23,7 +23,7 @@ from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import reports
 from nemo_gym_grpc.bridge.nemo_gym.correlation import episode_id
 from nemo_gym_grpc.bridge.nemo_gym.run import Ran, read_rollout
-from nemo_gym_grpc.bridge.nemo_gym.verify import (
+from nemo_gym_grpc.bridge.nemo_gym.scores import (
     MAX_FAILURE_KIND,
     MAX_FAILURE_REASON,
     bad_reply,
@@ -37,7 +37,7 @@ ADMISSION = "admission"
 
 def task_input(row: dict[str, Any]) -> dict[str, Any]:
     """single_agent_turn's `task_input` from a row with its `responses_create_params`
-    (`verify.build_row`): `{"responses_create_params": ..., "task_data": <the other
+    (`rows.build_row`): `{"responses_create_params": ..., "task_data": <the other
     fields>}`."""
     data = {k: v for k, v in row.items() if k != "responses_create_params"}
     return {"responses_create_params": row["responses_create_params"], "task_data": data}

@@ -2,7 +2,7 @@
 reads back.
 
 Request body (`BaseRunRequest` plus the row's own fields): the dataset row with its
-`responses_create_params` (`verify.build_row`). Reply: the resources server's `/verify` reply
+`responses_create_params` (`rows.build_row`). Reply: the resources server's `/verify` reply
 the agent got (`BaseVerifyResponse`): the row echoed back, `response` (the Responses object of
 the whole rollout: `response.output` holds every output item, in order), `reward`, optional
 `reward_components`, 0.7's `mask_sample` / `failure_kind` / `failure_reason`, and
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.nemo_gym.verify import Scored, bad_reply, score_reply
+from nemo_gym_grpc.bridge.nemo_gym.scores import Scored, bad_reply, score_reply
 
 RUN_PATH = "/run"
 
