@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+from nemo_gym_grpc.shared.child import write_ready_file
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 
@@ -48,9 +49,7 @@ async def serve(host: str, ready_file: Path) -> None:
     verify_pb2_grpc.add_VerifyServiceServicer_to_server(NoopVerifier(), server)
     port = server.add_insecure_port(f"{host}:0")
     await server.start()
-    tmp = ready_file.with_name(ready_file.name + ".tmp")
-    tmp.write_text(f"{host}:{port}\n")
-    tmp.replace(ready_file)
+    write_ready_file(ready_file, f"{host}:{port}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

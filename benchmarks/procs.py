@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,31 +23,24 @@ from pathlib import Path
 
 import psutil
 
+from nemo_gym_grpc.shared.child import Child, NotReady
+
 HERE = Path(__file__).resolve().parent
+PREFIX = "nemo_gym_grpc_bench_"
 
 
 class _Script:
     """A running `benchmarks/<script>` that writes "host:port" to its --ready-file once it
-    listens on a free loopback port (`address`)."""
+    listens on a free loopback port (`address`): a `Child` of `nemo_gym_grpc.shared.child`."""
 
     def __init__(self, script: str, args: list[str], timeout: float = 15.0) -> None:
-        self._tmp = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_bench_"))
-        ready = self._tmp / "ready"
-        with open(self._tmp / "stderr.log", "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(HERE / script), *args, "--ready-file", str(ready)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-        self.pid = self.proc.pid
-        deadline = time.monotonic() + timeout
-        while not (ready.exists() and ready.read_text().endswith("\n")):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{script} did not start: {self._tmp / 'stderr.log'}")
-            time.sleep(0.02)
-        self.address = ready.read_text().strip()
+        self._child = Child([sys.executable, str(HERE / script), *args], prefix=PREFIX)
+        self.proc = self._child.process
+        self.pid = self._child.pid
+        try:
+            self.address = self._child.wait_ready(timeout)
+        except NotReady as exc:
+            raise RuntimeError(f"{script} {exc}") from None
 
     def __enter__(self) -> _Script:
         return self
@@ -58,8 +50,7 @@ class _Script:
 
     def stop(self) -> None:
         """SIGTERM by PID, wait, SIGKILL if it is still there; remove its temporary folder."""
-        stop_pid(self.proc)
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._child.stop(10.0)
 
 
 class Upstream(_Script):
@@ -82,19 +73,6 @@ class Floor(_Script):
 
     def __enter__(self) -> Floor:
         return self
-
-
-def stop_pid(proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    """Stop one child we started: SIGTERM to its PID, then SIGKILL after `timeout` s."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 @dataclass

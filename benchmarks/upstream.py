@@ -18,6 +18,8 @@ import resource
 import signal
 from pathlib import Path
 
+from nemo_gym_grpc.shared.child import write_ready_file
+
 VERIFY_REPLY = b'{"reward": 1.0}'
 HEALTH_REPLY = b'{"status": "ok"}'
 
@@ -106,9 +108,7 @@ async def serve(host: str, port: int, latency: float, ready_file: Path | None) -
     )
     bound = server.sockets[0].getsockname()[1]
     if ready_file:
-        tmp = ready_file.with_name(ready_file.name + ".tmp")
-        tmp.write_text(f"{host}:{bound}\n")
-        tmp.replace(ready_file)
+        write_ready_file(ready_file, f"{host}:{bound}")
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

@@ -39,7 +39,7 @@ def test_zero_config_starts_one_embedded_bridge_and_reuses_it(zero_config, nemo_
 
     embedded.stop_all()
     assert bridge.process.returncode == 0  # SIGTERM: graceful stop
-    assert not bridge.workdir.exists() and not embedded.running_bridges()
+    assert not bridge.child.folder.exists() and not embedded.running_bridges()
 
 
 def test_concurrent_first_calls_share_one_embedded_bridge(zero_config, loader_rows):

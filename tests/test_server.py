@@ -14,7 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nemo_gym_grpc.bridge.nemo_gym import http
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
-from nemo_gym_grpc.bridge.rpc.server import build, read_ready_file, write_ready_file
+from nemo_gym_grpc.bridge.rpc.server import build
+from nemo_gym_grpc.shared.child import read_ready_file, write_ready_file
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 

@@ -16,39 +16,20 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from benchmarks import clients, procs
+from nemo_gym_grpc.shared.child import Child, bridge_command
 
 
-def start(
-    python: str, upstream: str, env: dict[str, str] | None = None
-) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """A bridge on a free port, with `env` added to its environment: (process, "host:port",
-    its temporary folder)."""
-    tmp = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_sbs_"))
-    ready = tmp / "ready"
-    command = [python, "-m", "nemo_gym_grpc.bridge", "serve", "--listen", "127.0.0.1:0"]
-    command += ["--ready-file", str(ready), "--workers", "1", "--server", f"mcqa={upstream}"]
-    with open(tmp / "stderr.log", "wb") as err:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=err,
-            stderr=err,
-            env={**os.environ, **(env or {})},
-        )
-    deadline = time.monotonic() + 60
-    while not (ready.exists() and ready.read_text().endswith("\n")):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            procs.stop_pid(proc)
-            raise RuntimeError(f"bridge {python} did not start: {tmp / 'stderr.log'}")
-        time.sleep(0.05)
-    return proc, ready.read_text().strip(), tmp
+def start(python: str, upstream: str, env: dict[str, str] | None = None) -> Child:
+    """A bridge on a free port, ready, with `env` added to its environment."""
+    command = bridge_command("--listen", "127.0.0.1:0", "--workers", "1", python=python)
+    child = Child([*command, "--server", f"mcqa={upstream}"], env={**os.environ, **(env or {})})
+    child.wait_ready(60)
+    return child
 
 
 def run_bridge(target: str, pid: int, requests_: list, streams: int) -> dict:
@@ -90,8 +71,8 @@ def main() -> int:
         try:
             rounds = run_rounds(up.url, names, started, items, requests_, args)
         finally:
-            for proc, _, _ in started:
-                procs.stop_pid(proc)
+            for child in started:
+                child.stop(10)
     print_medians(rounds, names, args)
     if args.out:
         args.out.write_text(json.dumps(rounds, indent=1))
@@ -124,7 +105,7 @@ def bridge_envs(names: list[str], specs: list[str]) -> dict[str, dict[str, str]]
 def run_rounds(
     upstream: str,
     names: list[str],
-    started: list[tuple[subprocess.Popen[bytes], str, Path]],
+    started: list[Child],
     items: list,
     requests_: list,
     args: argparse.Namespace,
@@ -132,8 +113,8 @@ def run_rounds(
     """A warm-up, then `args.rounds` rounds of each bridge and the direct fan-out, in an order
     rotated by one each round; one row per round (and a line printed)."""
     rounds: list[dict[str, dict]] = []
-    for (_, target, _), _name in zip(started, names, strict=True):  # warm-up
-        clients.stream_run(target, requests_[:2000], streams=args.streams)
+    for child in started:  # warm-up
+        clients.stream_run(child.address, requests_[:2000], streams=args.streams)
     clients.fanout(upstream + "/verify", items[:2000], 256)
     order = [*names, "direct"]
     for index in range(args.rounds):
@@ -143,8 +124,8 @@ def run_rounds(
             if name == "direct":
                 row[name] = run_direct(upstream + "/verify", items)
             else:
-                proc, target, _ = started[names.index(name)]
-                row[name] = run_bridge(target, proc.pid, requests_, args.streams)
+                child = started[names.index(name)]
+                row[name] = run_bridge(child.address, child.pid, requests_, args.streams)
         row["loadavg"] = {"1min": os.getloadavg()[0]}
         rounds.append(row)
         print(

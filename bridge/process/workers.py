@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
-from nemo_gym_grpc.bridge.rpc.server import check_free, read_ready_file, run, write_ready_file
+from nemo_gym_grpc.bridge.rpc.server import check_free, run
+from nemo_gym_grpc.shared.child import read_ready_file, write_ready_file
 
 log = logging.getLogger(__name__)
 

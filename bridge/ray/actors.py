@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from typing import Any
 
 import ray
 
-from nemo_gym_grpc.bridge.rpc.server import read_ready_file
+from nemo_gym_grpc.shared.child import Child, NotReady, bridge_command
 
 REREGISTER_SECONDS = 10.0
 OUTPUT_LINES = 40  # lines of the bridge's output kept for the message when it fails to start
@@ -94,24 +93,22 @@ class BridgeActor:
         self.target = f"{self.address}:{port}"
         self.registry = (registry, namespace)
         self.restarted = context.was_current_actor_reconstructed
-        self.workdir = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_bridge_actor_"))
         self.pidfile = Path(tempfile.gettempdir()) / f"nemo_gym_grpc-{self.node_id[:16]}-{port}.pid"
-        self.command = [sys.executable, "-m", "nemo_gym_grpc.bridge", "serve"]
-        self.command += ["--listen", self.target, "--workers", str(workers)]
-        self.command += ["--ready-file", str(self.workdir / "ready"), "--exit-with-parent"]
-        self.command += list(serve_args)
-        self.child: subprocess.Popen[bytes] | None = None
+        self.command = bridge_command(
+            "--listen", self.target, "--workers", str(workers), "--exit-with-parent", *serve_args
+        )
+        self.child: Child | None = None
         self.serving_since: float | None = None  # Unix time the bridge served
         self.output: deque[str] = deque(maxlen=OUTPUT_LINES)
         self.stopping = False
         self._started = threading.Event()
+        self._decided = threading.Event()  # set once it served, or failed to
         self._take_over()
         threading.Thread(target=self._supervise, name="bridge-child", daemon=True).start()
         self._started.wait()
         if self.child is None:
             raise RuntimeError(f"could not start {' '.join(self.command)}: {self.output[-1]}")
         self._wait_ready(startup_timeout)
-        self.serving_since = time.time()
         self._register()
 
     def _take_over(self) -> None:
@@ -128,13 +125,12 @@ class BridgeActor:
         """Start the child, then wait on it; when it exits (and no stop was asked), end the
         actor process so Ray restarts actor and bridge."""
         try:
-            self.child = subprocess.Popen(
+            self.child = Child(
                 self.command,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+                pipe=True,
+                own_session=True,
                 preexec_fn=_die_with_parent,
+                prefix="nemo_gym_grpc_bridge_actor_",
             )
         except OSError as exc:
             self.output.append(str(exc))
@@ -145,11 +141,12 @@ class BridgeActor:
         threading.Thread(target=self._relay, name="bridge-output", daemon=True).start()
         while True:
             try:
-                code = self.child.wait(timeout=REREGISTER_SECONDS)
+                code = self.child.process.wait(timeout=REREGISTER_SECONDS)
                 break
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(Exception):
                     self._register(wait=False)
+        self._decided.wait()  # whether it served (a child that never did: __init__ raises)
         if not self.stopping:
             print(f"nemo-gym-grpc bridge {self.child.pid} exited with {code}: actor exits")
             sys.stdout.flush()
@@ -158,25 +155,23 @@ class BridgeActor:
     def _relay(self) -> None:
         """The child's output, line by line, to this actor's stderr (Ray's worker log, which
         Ray rotates), its last OUTPUT_LINES lines kept for error messages."""
-        assert self.child is not None and self.child.stdout is not None
-        for raw in self.child.stdout:
+        assert self.child is not None and self.child.process.stdout is not None
+        for raw in self.child.process.stdout:
             line = raw.decode(errors="replace")
             self.output.append(line.rstrip("\n"))
             sys.stderr.write(line)
 
     def _wait_ready(self, timeout: float) -> None:
         assert self.child is not None, "_supervise set it"
-        deadline = time.monotonic() + timeout
-        while read_ready_file(self.workdir / "ready") is None:
-            if self.child.poll() is not None or time.monotonic() > deadline:
-                self.stopping = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.child.pid, signal.SIGKILL)
-                output = "\n".join(self.output)
-                raise RuntimeError(
-                    f"bridge on {self.target} did not serve ({' '.join(self.command)}):\n{output}"
-                )
-            time.sleep(0.05)
+        try:
+            self.child.wait_ready(timeout)
+            self.serving_since = time.time()
+        except NotReady as exc:
+            self.stopping = True
+            output = "\n".join(self.output)
+            raise RuntimeError(f"bridge on {self.target} {exc}:\n{output}") from None
+        finally:
+            self._decided.set()
 
     def entry(self) -> dict[str, Any]:
         """{node_id, address, target ("host:port"), pid (the bridge's), actor_pid,
@@ -204,15 +199,7 @@ class BridgeActor:
         child = self.child
         if child is None:
             return None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGTERM)
-        try:
-            child.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-            child.wait(timeout=10)
+        code = child.stop(grace)
         with contextlib.suppress(OSError):
             self.pidfile.unlink()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        return child.returncode
+        return code

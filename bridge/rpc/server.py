@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 import grpc
@@ -34,6 +33,7 @@ from nemo_gym_grpc.bridge.rpc.health import NOT_SERVING, Readiness
 from nemo_gym_grpc.bridge.rpc.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
 from nemo_gym_grpc.bridge.rpc.rollout_service import RolloutService, add_rollout_service
 from nemo_gym_grpc.bridge.rpc.verify_service import VerifyService, add_verify_service
+from nemo_gym_grpc.shared.child import write_ready_file
 from nemo_gym_grpc.shared.contract import SERVICES
 
 log = logging.getLogger(__name__)
@@ -345,22 +345,3 @@ def run(config: BridgeConfig) -> None:
         asyncio.run(serve(config))
     else:
         uvloop.run(serve(config))
-
-
-def write_ready_file(path: Path, address: str) -> None:
-    """Atomically write "host:port\\n" to `path` (readers never see a partial file).
-
-    Raises:
-        OSError: `path` cannot be written.
-    """
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(address + "\n")
-    tmp.replace(path)
-
-
-def read_ready_file(path: Path) -> str | None:
-    """The "host:port" that `write_ready_file` wrote to `path`, or None while it is absent."""
-    try:
-        return path.read_text().strip() or None
-    except FileNotFoundError:
-        return None

@@ -31,23 +31,17 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from nemo_gym_grpc.rewards.client import per_process, settings
 from nemo_gym_grpc.rewards.client.per_process import PerProcess
+from nemo_gym_grpc.shared.child import Child, NotReady, bridge_command
 
 log = logging.getLogger(__name__)
 
 # Seconds a stopped bridge gets between SIGTERM and SIGKILL (its own drain grace is 10 s).
 STOP_GRACE = 15.0
-_POLL_INTERVAL = 0.05
-_LOG_TAIL_BYTES = 4000
+_PREFIX = "nemo-gym-grpc-bridge-"
 
 
 @dataclass(frozen=True)
@@ -65,19 +59,9 @@ class BridgeSpec:
     servers: tuple[tuple[str, str], ...] = ()
     verify_timeout: float | None = None
 
-    def command(self, ready_file: Path) -> list[str]:
-        """The bridge's command line, writing its address to `ready_file`."""
-        command = [
-            sys.executable,
-            "-m",
-            "nemo_gym_grpc.bridge",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--ready-file",
-            str(ready_file),
-            "--exit-with-parent",
-        ]
+    def command(self) -> list[str]:
+        """The bridge's command line (`Child` adds its `--ready-file`)."""
+        command = bridge_command("--listen", "127.0.0.1:0", "--exit-with-parent")
         if self.head_url:
             command += ["--head-url", self.head_url]
         for name, url in self.servers:
@@ -110,99 +94,62 @@ def _child_env() -> dict[str, str]:
 
 
 class EmbeddedBridge:
-    """A bridge subprocess owned by this process.
+    """A bridge subprocess owned by this process (`nemo_gym_grpc.shared.child.Child`: its
+    working directory is its private folder, which holds its ready file and its log).
 
     Attributes:
         spec: its configuration.
-        process: the `subprocess.Popen` (its `pid` is what `stop` signals).
+        child: the process; `process` its `subprocess.Popen` (whose `pid` `stop` signals).
         target: "host:port" it serves on.
-        workdir: private folder with `ready` and `bridge.log`.
     """
 
-    def __init__(
-        self, spec: BridgeSpec, process: subprocess.Popen[bytes], target: str, workdir: Path
-    ) -> None:
+    def __init__(self, spec: BridgeSpec, child: Child) -> None:
         self.spec = spec
-        self.process = process
-        self.target = target
-        self.workdir = workdir
+        self.child = child
+        self.process = child.process
+        self.target = child.address
 
     @classmethod
     def start(cls, spec: BridgeSpec, startup_timeout: float) -> EmbeddedBridge:
         """Start a bridge and wait until it serves.
 
         Raises:
-            RuntimeError: it exited before writing its ready file, or did not write it within
-                `startup_timeout` seconds (it is then stopped); the message holds the tail of
+            RuntimeError: it exited before it was ready, or was not ready within
+                `startup_timeout` seconds (it is then stopped); the message holds the end of
                 its log.
         """
-        workdir = Path(tempfile.mkdtemp(prefix="nemo-gym-grpc-bridge-"))
-        ready_file = workdir / "ready"
-        log_path = workdir / "bridge.log"
-        with open(log_path, "wb") as log_file:
-            process = subprocess.Popen(
-                spec.command(ready_file),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                cwd=workdir,
-                env=_child_env(),
-            )
-        log.info("starting embedded bridge (pid %d), log %s", process.pid, log_path)
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            text = ready_file.read_text() if ready_file.exists() else ""
-            if text.endswith("\n") and text.strip():
-                target = text.strip()
-                log.info("embedded bridge (pid %d) serving on %s", process.pid, target)
-                return cls(spec, process, target, workdir)
-            exited = process.poll() is not None
-            if exited or time.monotonic() >= deadline:
-                what = (
-                    f"exited with status {process.returncode}"
-                    if exited
-                    else f"did not start within {startup_timeout:g} s "
-                    f"({settings.STARTUP_TIMEOUT_ENV})"
-                )
-                bridge = cls(spec, process, "", workdir)
-                tail = bridge.log_tail()
-                bridge.stop()
-                raise RuntimeError(
-                    f"embedded nemo-gym-grpc bridge (pid {process.pid}) {what}; "
-                    f"command: {' '.join(spec.command(ready_file))}\n"
-                    f"--- end of its log ---\n{tail}"
-                )
-            time.sleep(_POLL_INTERVAL)
+        child = Child(spec.command(), env=_child_env(), cwd="folder", prefix=_PREFIX)
+        log.info("starting embedded bridge (pid %d), log %s", child.pid, child.log_path)
+        try:
+            child.wait_ready(startup_timeout)
+        except NotReady as exc:
+            what = exc.what
+            if exc.timed_out:
+                what += f" ({settings.STARTUP_TIMEOUT_ENV})"
+            raise RuntimeError(
+                f"embedded nemo-gym-grpc bridge (pid {child.pid}) {what}; command: "
+                f"{' '.join(child.command)}\n--- end of its log ---\n{exc.log_tail}"
+            ) from None
+        log.info("embedded bridge (pid %d) serving on %s", child.pid, child.address)
+        return cls(spec, child)
 
     @property
     def running(self) -> bool:
         """True while the process has not exited."""
-        return self.process.poll() is None
+        return self.child.running
 
     def log_tail(self) -> str:
         """The last few KB of the bridge's log, as text."""
-        try:
-            with open(self.workdir / "bridge.log", "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
-                return f.read().decode("utf-8", "replace")
-        except OSError as exc:
-            return f"(log unreadable: {exc})"
+        return self.child.log_tail()
 
     def stop(self, grace: float = STOP_GRACE) -> None:
         """SIGTERM the process, wait up to `grace` seconds, then SIGKILL; remove its folder.
 
         Does nothing to a process that already exited (its PID may belong to another).
         """
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                log.warning("embedded bridge (pid %d) ignored SIGTERM; killing", self.process.pid)
-                self.process.kill()
-                self.process.wait()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.child.running:
+            log.info("stopping embedded bridge (pid %d)", self.child.pid)
+        self.child.stop(grace)
 
 
 _bridges: PerProcess[BridgeSpec, EmbeddedBridge] = PerProcess()

@@ -6,35 +6,29 @@ with start_bridge("--head-url", gym.head_url) as bridge:
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
+from nemo_gym_grpc.shared.child import Child, NotReady, bridge_command
 from tests.support import procs
 from tests.support.errors import NemoGymError
 from tests.support.procs import tail
 
+PREFIX = "nemo_gym_grpc_bridge_"
+
 
 class BridgeProcess:
-    """A running `python -m nemo_gym_grpc.bridge serve` (see start_bridge)."""
+    """A running `python -m nemo_gym_grpc.bridge serve` (see start_bridge): a `Child` of
+    `nemo_gym_grpc.shared.child`, whose output log (`stderr_path`: the bridge writes only to
+    stderr) holds its JSON log lines."""
 
-    def __init__(
-        self, proc: subprocess.Popen[bytes], target: str, tmpdir: Path, args: Sequence[str]
-    ) -> None:
-        self.proc = proc
-        self.pid = proc.pid
-        self.target = target
+    def __init__(self, child: Child, args: Sequence[str]) -> None:
+        self.child = child
+        self.proc = child.process
+        self.pid = child.pid
+        self.target = child.address
         self.args = tuple(args)
-        self.tmpdir = tmpdir
-        self.stdout_path = tmpdir / "stdout.log"
-        self.stderr_path = tmpdir / "stderr.log"
+        self.stderr_path = child.log_path
         self.returncode: int | None = None
 
     def __enter__(self) -> BridgeProcess:
@@ -52,18 +46,8 @@ class BridgeProcess:
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM (graceful), wait up to `timeout`, then SIGKILL. Returns the exit code."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self.returncode = self.proc.returncode
+        self.returncode = self.child.stop(timeout)
         procs.live.discard(self)
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
         return self.returncode
 
 
@@ -79,40 +63,18 @@ def start_bridge(
     `env` entries are laid over os.environ (a None value removes the variable). Raises
     NemoGymError with the bridge's stderr tail if it exits first or does not get ready.
     """
-    tmpdir = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_bridge_"))
-    ready = tmpdir / "ready"
     full_env = dict(os.environ)
     for key, value in (env or {}).items():
         if value is None:
             full_env.pop(key, None)
         else:
             full_env[key] = value
-    command = [sys.executable, "-m", "nemo_gym_grpc.bridge", "serve", "--listen", listen]
-    command += ["--ready-file", str(ready), *args]
-    with open(tmpdir / "stdout.log", "wb") as out, open(tmpdir / "stderr.log", "wb") as err:
-        proc = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=full_env
-        )
-    bridge = BridgeProcess(proc, "", tmpdir, args)
+    child = Child(bridge_command("--listen", listen, *args), env=full_env, prefix=PREFIX)
+    bridge = BridgeProcess(child, args)
     procs.live.add(bridge)
-    deadline = time.monotonic() + timeout
-    while True:
-        text = ready.read_text() if ready.exists() else ""
-        if text.endswith("\n") and text.strip():
-            bridge.target = text.strip()
-            return bridge
-        if proc.poll() is not None:
-            stderr = bridge.stderr_tail()
-            bridge.stop()
-            raise NemoGymError(
-                f"the bridge exited with {proc.returncode} before it was ready "
-                f"({' '.join(command)}); stderr tail:\n{stderr}"
-            )
-        if time.monotonic() > deadline:
-            stderr = bridge.stderr_tail()
-            bridge.stop()
-            raise NemoGymError(
-                f"the bridge wrote no ready file within {timeout:.0f} s ({' '.join(command)}); "
-                f"stderr tail:\n{stderr}"
-            )
-        time.sleep(0.05)
+    try:
+        bridge.target = child.wait_ready(timeout)
+    except NotReady as exc:
+        procs.live.discard(bridge)
+        raise NemoGymError(f"the bridge {exc}") from None
+    return bridge

@@ -1,0 +1,185 @@
+"""The one lifecycle of a child process that serves: the bridge as the embedded bridge, the Ray
+actor, the tests and the benchmarks start it (`bridge_command`), and the benchmarks' scripted
+servers.
+
+A `Child` runs `command --ready-file <folder>/ready` with its output in `<folder>/output.log`
+(a file, so a chatty child never blocks on a full pipe; or a pipe its owner reads), where the
+folder is a private temporary one. It is ready once the file holds "host:port" and a newline
+(`write_ready_file` writes it atomically once the child serves). It is stopped by its PID, or
+its process group when it runs in a session of its own: SIGTERM (a bridge then drains), a
+grace, then SIGKILL; the folder is removed. Nothing is ever signalled by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+POLL_SECONDS = 0.05
+LOG_TAIL_BYTES = 4000
+
+
+def bridge_command(*args: str, python: str = sys.executable) -> list[str]:
+    """`python -m nemo_gym_grpc.bridge serve *args` (without `--ready-file`: `Child` adds it)."""
+    return [python, "-m", "nemo_gym_grpc.bridge", "serve", *args]
+
+
+def write_ready_file(path: Path, address: str) -> None:
+    """Atomically write "host:port\\n" to `path` (readers never see a partial file).
+
+    Raises:
+        OSError: `path` cannot be written.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(address + "\n")
+    tmp.replace(path)
+
+
+def read_ready_file(path: Path) -> str | None:
+    """The "host:port" that `write_ready_file` wrote to `path`, or None while it is absent or
+    not complete."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    return text.strip() or None if text.endswith("\n") else None
+
+
+class NotReady(RuntimeError):
+    """The child exited before it was ready, or was not ready in time (it is stopped). The
+    message says which (`what`; `timed_out`) and holds the command; `log_tail` is the end of
+    its output ("" when its owner reads the output from a pipe)."""
+
+    def __init__(self, what: str, command: Sequence[str], log_tail: str, timed_out: bool) -> None:
+        message = f"{what} ({' '.join(command)})"
+        if log_tail:
+            message += f"\n--- end of its output ---\n{log_tail}"
+        super().__init__(message)
+        self.what = what
+        self.log_tail = log_tail
+        self.timed_out = timed_out
+
+
+class Child:
+    """One started child (see the module docstring).
+
+    Args:
+        command: the program and its arguments, without `--ready-file`.
+        env: its environment (None = this process's).
+        cwd: its working directory; None = this process's, "folder" = its private folder.
+        pipe: its output (stdout and stderr) to a pipe (`process.stdout`) the owner reads,
+            instead of the log file.
+        own_session: run it in a new session (process group), which `stop` signals whole.
+        preexec_fn: passed to `subprocess.Popen` (e.g. a parent-death signal).
+        prefix: the private folder's name prefix.
+
+    Raises:
+        OSError: the program could not be started (the folder is removed).
+
+    Attributes:
+        process: the `subprocess.Popen`; `pid` its PID.
+        folder, ready_file, log_path: the private folder, its ready file and output log.
+        address: "host:port" once `wait_ready` returned, else "".
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        pipe: bool = False,
+        own_session: bool = False,
+        preexec_fn: Callable[[], None] | None = None,
+        prefix: str = "nemo_gym_grpc_child_",
+    ) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix=prefix))
+        self.ready_file = self.folder / "ready"
+        self.log_path = self.folder / "output.log"
+        self.command = [*command, "--ready-file", str(self.ready_file)]
+        self.address = ""
+        self._group = own_session
+        try:
+            with open(self.log_path, "wb") as log:
+                self.process = subprocess.Popen(
+                    self.command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE if pipe else log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.folder if cwd == "folder" else cwd,
+                    env=env,
+                    start_new_session=own_session,
+                    preexec_fn=preexec_fn,
+                )
+        except OSError:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
+        self.pid = self.process.pid
+
+    @property
+    def running(self) -> bool:
+        """True while the process has not exited."""
+        return self.process.poll() is None
+
+    def wait_ready(self, timeout: float) -> str:
+        """Wait until the child is ready, at most `timeout` seconds; returns its "host:port".
+
+        Raises:
+            NotReady: it exited first, or the time ran out (it is then stopped).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            address = read_ready_file(self.ready_file)
+            if address is not None:
+                self.address = address
+                return address
+            exited = self.process.poll() is not None
+            if exited:
+                what = f"exited with status {self.process.returncode} before it was ready"
+            elif time.monotonic() >= deadline:
+                what = f"did not start within {timeout:g} s"
+            else:
+                time.sleep(POLL_SECONDS)
+                continue
+            tail = self.log_tail()
+            self.stop()
+            raise NotReady(what, self.command, tail, timed_out=not exited)
+
+    def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
+        """The last `limit` bytes of its output log, as text ("" when there is none)."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - limit))
+                return log.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 15.0) -> int | None:
+        """SIGTERM, wait up to `grace` seconds, then SIGKILL; remove the folder. Returns the
+        exit status. A process that already exited is not signalled (its PID may be another's
+        by now), but its group is when it had one (a bridge's `--workers` outlive it)."""
+        if self.process.poll() is None or self._group:
+            self._signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.process.wait(10)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return self.process.returncode
+
+    def _signal(self, number: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if self._group:
+                os.killpg(self.pid, number)
+            else:
+                os.kill(self.pid, number)
