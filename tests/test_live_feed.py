@@ -20,6 +20,7 @@ from nemo_gym_grpc.rewards.client import stream
 from nemo_gym_grpc.rewards.client.live import RunFeed
 from nemo_gym_grpc.rewards.client.outcomes import Failure, ProtocolError
 from nemo_gym_grpc.rewards.client.stream import Route
+from nemo_gym_grpc.shared import contract
 from nemo_gym_grpc.shared.reasons import ITEM_TOO_LARGE
 from nemo_gym_grpc.v1 import rollout_pb2
 from tests.support import BridgeProcess, start_bridge
@@ -44,7 +45,7 @@ def request(request_id: str, padding: int = 0) -> rollout_pb2.RunRequest:
 
 def test_call_books_items_as_they_come_and_hands_each_outcome_over_once():
     call = stream.Call(stream.RUN, "127.0.0.1:1", [], timeout=1.0, connect_timeout=1.0)
-    big = request("big", stream.MAX_ITEM_BYTES)
+    big = request("big", contract.MAX_SENDABLE_ITEM_BYTES)
     assert call.add([request("a"), big]) == [request("a")]
     failure = call.take("big")
     assert isinstance(failure, Failure) and failure.reason == ITEM_TOO_LARGE
@@ -57,7 +58,9 @@ def test_call_books_items_as_they_come_and_hands_each_outcome_over_once():
 
 
 def test_every_request_gets_one_outcome_across_rotated_calls(bridge):
-    big = request("big", stream.MAX_ITEM_BYTES)  # made before the loop runs (seconds of CPU)
+    big = request(
+        "big", contract.MAX_SENDABLE_ITEM_BYTES
+    )  # made before the loop runs (seconds of CPU)
 
     async def feed() -> tuple[dict[str, object], RunFeed]:
         outcomes: dict[str, object] = {}

@@ -6,6 +6,7 @@ a trainer that loads the client loads no bridge module at all."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -82,3 +83,22 @@ def test_client_only_reasons_do_not_collide_with_bridge_reasons():
     }
     assert outcomes.NO_TOKENS in client_reasons
     assert client_reasons.isdisjoint(bridge_reasons)
+
+
+def test_both_ends_default_to_the_same_verify_timeout_and_head_server():
+    from nemo_gym_grpc.rewards.trl.functions import create_nemo_gym_reward_fn
+
+    default = inspect.signature(create_nemo_gym_reward_fn).parameters["verify_timeout"].default
+    assert BridgeConfig().verify_timeout == default == contract.VERIFY_TIMEOUT
+    assert settings.head_url() == contract.DEFAULT_HEAD_URL
+
+
+def test_the_shared_layer_loads_no_bridge_and_no_trainer_side():
+    loaded = _loaded_after(
+        "import nemo_gym_grpc.shared.child, nemo_gym_grpc.shared.contract,"
+        "nemo_gym_grpc.shared.flags, nemo_gym_grpc.shared.lazy, nemo_gym_grpc.shared.reasons"
+    )
+    assert "nemo_gym_grpc.shared.child" in loaded
+    ours = {m for m in loaded if m.startswith("nemo_gym_grpc.")}
+    assert not {m for m in ours if m.startswith(("nemo_gym_grpc.bridge", "nemo_gym_grpc.rewards"))}
+    assert "aiohttp" not in loaded

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
+from nemo_gym_grpc.shared import contract
 from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES, RUN_TIMEOUT_ENV, TOKEN_ENV, MiB
 from nemo_gym_grpc.shared.flags import (
     Flag,
@@ -160,7 +161,7 @@ class BridgeConfig:
         "--verify-timeout",
         "default seconds per upstream /verify call",
         type=positive_float,
-        default=30.0,
+        default=contract.VERIFY_TIMEOUT,
         metavar="SECONDS",
     )
     max_in_flight: int = option(
@@ -206,7 +207,7 @@ class BridgeConfig:
         "--max-item-mb",
         "largest item in MiB; a larger one fails alone with INVALID_ARGUMENT / ITEM_TOO_LARGE",
         type=positive_float,
-        default=16.0,
+        default=contract.DEFAULT_MAX_ITEM_BYTES / MiB,
         metavar="MIB",
         convert=lambda mb: int(mb * MiB),
     )

@@ -24,6 +24,7 @@ except ModuleNotFoundError:  # one line, not a traceback: the [ray] extra is not
         "pip install '.[ray]' in a clone of nemo-gym-grpc"
     )
 
+from nemo_gym_grpc.bridge.ray import fleet
 from nemo_gym_grpc.bridge.ray.fleet import (
     DEFAULT_PORT,
     NAMESPACE,
@@ -53,7 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     start.add_argument("serve_args", nargs="*", help="`nemo-gym-grpc serve` flags, after --")
     stop.add_argument(
-        "--grace", type=non_negative_float, default=30.0, help="seconds to drain each bridge"
+        "--grace",
+        type=non_negative_float,
+        default=fleet.STOP_GRACE,
+        help="seconds to drain each bridge",
     )
     return parser
 

@@ -20,6 +20,7 @@ from nemo_gym_grpc.bridge.ray.actors import BridgeActor, Registry
 NAMESPACE = "nemo_gym_grpc"
 REGISTRY_NAME = "registry"
 DEFAULT_PORT = 50051
+STOP_GRACE = 30.0  # seconds each bridge gets to drain when the fleet stops
 # Flags the fleet sets itself on every bridge (listen on the node's address at the fleet's
 # port, one worker per CPU the actor holds, ready file, stop with the actor).
 OWN_FLAGS = ("--listen", "--workers", "--ready-file", "--exit-with-parent")
@@ -132,7 +133,7 @@ def bridge_table() -> dict[str, dict[str, Any]]:
     return dict(table)
 
 
-def stop_bridges(grace: float = 30.0) -> int:
+def stop_bridges(grace: float = STOP_GRACE) -> int:
     """Drain and end every bridge of the fleet (each gets `grace` s), then the registry.
     Returns how many bridges were stopped."""
     stopped = 0

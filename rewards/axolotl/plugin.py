@@ -45,10 +45,10 @@ from nemo_gym_grpc.rewards.axolotl.producer import (
 from nemo_gym_grpc.rewards.axolotl.wiring import install_reward
 from nemo_gym_grpc.rewards.client import embedded, settings
 from nemo_gym_grpc.rewards.trl.functions import create_nemo_gym_reward_fn, reward_env
+from nemo_gym_grpc.shared.contract import DEFAULT_HEAD_PORT, DEFAULT_HEAD_URL
 
 log = logging.getLogger("nemo_gym_grpc.rewards.axolotl")
 
-DEFAULT_HEAD_PORT = 11000  # axolotl's nemo_gym_head_port default (NemoGymArgs)
 DEFAULT_RUN_TIMEOUT = 300.0  # axolotl's nemo_gym_run_timeout default, seconds
 
 
@@ -59,7 +59,7 @@ class NemoGymPlugin(AxolotlNemoGymPlugin):
 
     def __init__(self) -> None:
         super().__init__()
-        self._head_url = f"http://127.0.0.1:{DEFAULT_HEAD_PORT}"
+        self._head_url = DEFAULT_HEAD_URL
         self._target: str | None = None
 
     def register(self, cfg: Any) -> None:

@@ -22,7 +22,7 @@ call knows its items before it starts and returns once all are answered (`stream
   twice), after a pause growing with the failures in a row (RECONNECT_DELAYS): a training run
   outlives a bridge restart, where a batch call gives them the call's failure. They may have
   been fine; the caller counts them (`resent_rollouts`). A call-level failure that sending
-  again cannot fix (PERMANENT: token refused, no such service, a message refused) makes
+  again cannot fix (`resend.PERMANENT`: token refused, no such service, a message refused) makes
   `tick` raise.
 
 The bridge counts as down (`RunFeed.down_since`) from the start, and from a call's failure,
@@ -52,8 +52,6 @@ SETTLED_SECONDS = 2.0  # a call open this long without failing: the bridge count
 RECONNECT_DELAYS = (0.5, 1.0, 2.0, 5.0)  # s before reopening after the n-th failure in a row
 CONNECT_PROBE = 1.0  # s one `tick` waits for a connection to the bridge
 STOP_WAIT = 10.0  # s a closing feed waits for its cancelled calls to end
-# Call-level codes that sending again cannot fix.
-PERMANENT = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "UNIMPLEMENTED", "INVALID_ARGUMENT"})
 
 RunCall = stream.Call[rollout_pb2.RunRequest, rollout_pb2.RunResponse, rollout_pb2.RunStreamRequest]
 OnResult = Callable[[str, RunOutcome], None]
@@ -186,7 +184,7 @@ class RunFeed:
     Attributes:
         down_since: `time.monotonic()` since when the bridge counts as down, or None.
         last_failure: the last call-level failure (or lack of a connection), or None.
-        fatal: the PERMANENT failure that ended the feed, or None.
+        fatal: the `resend.PERMANENT` failure that ended the feed, or None.
     """
 
     def __init__(
@@ -247,7 +245,7 @@ class RunFeed:
             True when a call is open to take requests.
 
         Raises:
-            RuntimeError: the bridge refused a call for good (PERMANENT).
+            RuntimeError: the bridge refused a call for good (`resend.PERMANENT`).
         """
         if self.fatal is not None:
             failure = self.fatal
@@ -340,7 +338,7 @@ class RunFeed:
         self.counts["resent_rollouts"] += len(keys)
         if failure is None:
             return
-        if failure.code in PERMANENT:
+        if failure.code in resend.PERMANENT:
             self.fatal = failure
             return
         log.warning(

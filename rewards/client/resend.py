@@ -1,5 +1,6 @@
-"""A call's streams: what goes on the wire in each (messages of at most 64 items), and what a
-broken stream leaves to send again.
+"""What the client sends again, in one place: a call's streams (what goes on the wire in each,
+messages of at most 64 items, and what a broken stream leaves to send again), and which failed
+calls are worth another call (`RETRYABLE`, `send_again`) or never are (`PERMANENT`).
 
 When a call's stream breaks (it ends UNAVAILABLE: the bridge was killed, its connection reset,
 or it drained), its unanswered items are sent again on a new stream of the same call, to
@@ -16,8 +17,11 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, Protocol, TypeVar
 
+from google.rpc import code_pb2
+
 from nemo_gym_grpc.rewards.client.outcomes import Failure
 from nemo_gym_grpc.shared.contract import MiB
+from nemo_gym_grpc.shared.reasons import RETRYABLE_CODES
 
 ITEMS_PER_MESSAGE = 64
 # A message is closed early once its items reach this size (a big message only adds latency).
@@ -25,6 +29,18 @@ BYTES_PER_MESSAGE = 16 * MiB
 MAX_STREAMS = 3  # a call's first stream and at most two more after breaks
 log = logging.getLogger(__name__)
 BROKEN = "UNAVAILABLE"  # the status of a stream that broke (its bridge gone, reset, draining)
+# Codes whose cause is usually gone a moment later: the bridge's own rule for an item's attempts
+# (`nemo_gym_grpc.shared.reasons.RETRYABLE_CODES`), by name as a `Failure` holds them.
+RETRYABLE = frozenset(code_pb2.Code.Name(code) for code in RETRYABLE_CODES)
+# Call-level codes that sending again cannot fix (token refused, no such service, a message
+# refused).
+PERMANENT = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "UNIMPLEMENTED", "INVALID_ARGUMENT"})
+
+
+def send_again(failure: Failure) -> bool:
+    """True when the items `failure` left without an outcome are worth another call: its code
+    is RETRYABLE, or it is a whole call cut by its own deadline (a busy bridge)."""
+    return failure.code in RETRYABLE or (failure.whole_call and failure.code == "DEADLINE_EXCEEDED")
 
 
 class Item(Protocol):

@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from nemo_gym_grpc.rewards.client.channels import Security
-from nemo_gym_grpc.shared.contract import RUN_TIMEOUT_ENV, TOKEN_ENV
+from nemo_gym_grpc.shared.contract import DEFAULT_HEAD_URL, RUN_TIMEOUT_ENV, TOKEN_ENV
 from nemo_gym_grpc.shared.flags import http_url
 
 T = TypeVar("T")
@@ -64,7 +64,6 @@ CA_ENV = "NEMO_GYM_GRPC_CA"
 CLIENT_CERT_ENV = "NEMO_GYM_GRPC_CLIENT_CERT"
 CLIENT_KEY_ENV = "NEMO_GYM_GRPC_CLIENT_KEY"
 
-DEFAULT_HEAD_URL = "http://127.0.0.1:11000"  # NeMo Gym's DEFAULT_HEAD_SERVER_PORT
 DEFAULT_BATCH_TIMEOUT = 600.0
 DEFAULT_CONNECT_TIMEOUT = 60.0
 DEFAULT_ROLLOUT_BATCH_TIMEOUT = 10800.0  # axolotl's multi-turn total timeout

@@ -29,12 +29,9 @@ from nemo_gym_grpc.rewards.client import channels, embedded, resend, settings, s
 from nemo_gym_grpc.rewards.client.channels import Security
 from nemo_gym_grpc.rewards.client.outcomes import Failure, ProtocolError
 from nemo_gym_grpc.rewards.client.per_process import in_flight
-from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES
+from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES, MAX_SENDABLE_ITEM_BYTES
 from nemo_gym_grpc.shared.reasons import ITEM_TOO_LARGE
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc, verify_pb2, verify_pb2_grpc
-
-# Room for a stream message's own framing around its items.
-MAX_ITEM_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 
 
 class _Result(Protocol):
@@ -151,7 +148,7 @@ class Call(Generic[Req, Res, Msg]):
             if request.request_id in self.sent or request.request_id in self.outcomes:
                 raise ValueError(f"duplicate request_id {request.request_id!r}")
             size = request.ByteSize()
-            if size > MAX_ITEM_BYTES:
+            if size > MAX_SENDABLE_ITEM_BYTES:
                 self.outcomes[request.request_id] = Failure(
                     "INVALID_ARGUMENT",
                     ITEM_TOO_LARGE,

@@ -21,14 +21,13 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
-from nemo_gym_grpc.rewards.client import stream
+from nemo_gym_grpc.rewards.client import resend, stream
 from nemo_gym_grpc.rewards.client.outcomes import Failure, Outcome
 from nemo_gym_grpc.rewards.client.stream import Route
 from nemo_gym_grpc.rewards.tools import scorefile
 
 CALL_ATTEMPTS = 3
 CALL_BACKOFF = 1.0  # seconds before attempt n + 1: n x this (1 s, then 2 s)
-RETRYABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ class FileScorer:
                 todo = [request for request in todo if request.request_id not in outcomes]
                 if failure is None:
                     break
-                if failure.code not in RETRYABLE_CODES or attempt == CALL_ATTEMPTS:
+                if not resend.send_again(failure) or attempt == CALL_ATTEMPTS:
                     raise _no_verdict(self.route, failure, len(todo), attempt)
                 log.warning(
                     "%d rows got no verdict (%s); sending them again", len(todo), failure.cause

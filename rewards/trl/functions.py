@@ -24,6 +24,7 @@ from nemo_gym_grpc.rewards.client import convert, embedded, policy, settings, st
 from nemo_gym_grpc.rewards.client.outcomes import Outcome
 from nemo_gym_grpc.rewards.client.stream import Route
 from nemo_gym_grpc.rewards.trl import logs
+from nemo_gym_grpc.shared.contract import VERIFY_TIMEOUT
 from nemo_gym_grpc.v1 import verify_pb2
 
 # The `model` the seed's reward_nemo_gym_verify wrote into its Responses object.
@@ -146,7 +147,7 @@ def create_nemo_gym_reward_fn(
     global_config: Mapping[str, Any] | None,
     verify_endpoints: Mapping[str, str],
     model_name: str = "axolotl-model",
-    verify_timeout: float = 30,
+    verify_timeout: float = VERIFY_TIMEOUT,
     *,
     target: str | None = None,
     batch_timeout: float | None = None,

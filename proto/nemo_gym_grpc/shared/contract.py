@@ -3,7 +3,8 @@ descriptors and full names (health checking, reflection) and the bidirectional s
 `--max-streams` counts.
 
 Also what both ends of the wire agree on outside the .proto files, declared here once: the gRPC
-message size limit and the environment variables the bridge and the trainer side both read.
+message and item size limits, the defaults both ends start from, and the environment
+variables the bridge and the trainer side both read.
 The trainer side imports them from here, so this module loads nothing beyond grpc and the
 generated code (tests/test_shared_names.py).
 """
@@ -17,6 +18,19 @@ MiB = 1024 * 1024
 # `--max-message-mb` and the trainer side's channel options. gRPC's own default receive limit
 # (4 MiB) rejects a 64-item message of long completions.
 MAX_MESSAGE_BYTES = 64 * MiB
+# The largest item a client can send at all: a message less room for its own framing (the
+# trainer side refuses a larger one before sending: it would end the whole stream).
+MAX_SENDABLE_ITEM_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
+# The largest item the bridge takes by default (`--max-item-mb`); a larger one fails alone
+# with INVALID_ARGUMENT / ITEM_TOO_LARGE.
+DEFAULT_MAX_ITEM_BYTES = 16 * MiB
+# Default seconds of one upstream `/verify` call: the bridge's `--verify-timeout` and the TRL
+# reward functions' `verify_timeout` (axolotl's own default).
+VERIFY_TIMEOUT = 30.0
+# NeMo Gym's head server port (its DEFAULT_HEAD_SERVER_PORT, axolotl's `nemo_gym_head_port`
+# default), on the trainer's machine unless said otherwise.
+DEFAULT_HEAD_PORT = 11000
+DEFAULT_HEAD_URL = f"http://127.0.0.1:{DEFAULT_HEAD_PORT}"
 # The bearer token: the bridge requires it (`--token-file`, else this variable holds the token)
 # and the trainer side sends it as `authorization: Bearer <token>`; an embedded bridge inherits
 # the trainer's environment, so both ends read the same one.
