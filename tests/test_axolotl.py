@@ -240,23 +240,7 @@ def test_multi_turn_rollouts_feed_axolotls_data_producer_and_failures_are_nan_an
 
     names = [r["reward_funcs"] for r in records if "reward_funcs" in r]
     assert names == [["nemo_gym", "alternating_reward"]]
-    produced = [r["produced"] for r in records if "produced" in r]
-    assert len(produced) >= 2  # with async_prefetch, the next batch may have been produced too
-    faulted = 0
-    for batch in produced:
-        assert len(batch) == 12 and sorted(s["agent"] for s in batch).count("no_agent") == 2
-        for sample in batch:
-            if sample["rollout_error"] is not None:
-                assert sample["env_reward"] is None
-                assert sample["completion_mask"] == sample["tool_mask"] == 0
-                faulted += sample["agent"] not in ("math_agent", "no_agent")
-            else:
-                assert sample["agent"] not in ("math_agent", "no_agent")
-                assert sample["env_reward"] == 1.0
-                assert sample["completion_mask"] == sample["tokens"] > sample["tool_mask"] > 0
-        unknown = [s["rollout_error"] for s in batch if s["agent"] == "no_agent"]
-        assert all(error.startswith("NOT_FOUND") for error in unknown)
-    assert faulted == 1
+    assert faulted_samples(records) == 1
     calls = [r for r in records if r.get("call") == "nemo_gym"]
     assert len(calls) == 2
     for call in calls:
@@ -276,3 +260,26 @@ def test_multi_turn_rollouts_feed_axolotls_data_producer_and_failures_are_nan_an
     # (cancelled, or finished unused), and said so; nothing else ran on after the last step
     ended = (tmp_path / "train.log").read_text().count("NeMo Gym: training ended")
     assert ended == (1 if async_prefetch else 0)
+
+
+def faulted_samples(records: list[dict]) -> int:
+    """Check each batch the data producer produced (12 samples, 2 of the unknown agent, each
+    failed one NaN and fully masked, each other one rewarded 1.0 with its tool turns masked);
+    the count of failed samples that were neither the masked agent's nor the unknown one's."""
+    produced = [r["produced"] for r in records if "produced" in r]
+    assert len(produced) >= 2  # with async_prefetch, the next batch may have been produced too
+    faulted = 0
+    for batch in produced:
+        assert len(batch) == 12 and sorted(s["agent"] for s in batch).count("no_agent") == 2
+        for sample in batch:
+            if sample["rollout_error"] is not None:
+                assert sample["env_reward"] is None
+                assert sample["completion_mask"] == sample["tool_mask"] == 0
+                faulted += sample["agent"] not in ("math_agent", "no_agent")
+            else:
+                assert sample["agent"] not in ("math_agent", "no_agent")
+                assert sample["env_reward"] == 1.0
+                assert sample["completion_mask"] == sample["tokens"] > sample["tool_mask"] > 0
+        unknown = [s["rollout_error"] for s in batch if s["agent"] == "no_agent"]
+        assert all(error.startswith("NOT_FOUND") for error in unknown)
+    return faulted

@@ -1,5 +1,5 @@
 """The reward functions with zero configuration: embedded bridges over real NeMo Gym resources
-servers (the dataset rows: tests/support/reward_rows.py).
+servers (the dataset rows: tests/support/reward_rows.py), and embedded bridges that cannot start.
 """
 
 from __future__ import annotations
@@ -221,3 +221,33 @@ def test_an_embedded_bridge_exits_when_its_process_is_killed(nemo_gym, tmp_path)
             child.wait()
         if bridge_pid and not _exited(bridge_pid):
             os.kill(bridge_pid, signal.SIGKILL)
+
+
+# embedded bridges that cannot start (real subprocesses, no NeMo Gym)
+
+
+@pytest.fixture
+def no_target(monkeypatch):
+    monkeypatch.delenv(settings.TARGET_ENV, raising=False)
+    yield
+    embedded.stop_all()
+
+
+def test_a_bridge_that_exits_at_startup_raises_with_its_stderr(no_target):
+    reward_fn = create_nemo_gym_reward_fn({}, {"bad": "ftp://example/verify"})
+    with pytest.raises(RuntimeError) as raised:
+        reward_fn(completions=["x"], resources_server_ref=[{"name": "bad"}])
+    message = str(raised.value)
+    assert "exited with status 2" in message
+    assert "expected NAME=http://HOST:PORT" in message  # the bridge CLI's own words
+    assert not embedded.running_bridges()
+
+
+def test_a_bridge_that_does_not_start_in_time_is_stopped(no_target, monkeypatch):
+    monkeypatch.setenv(settings.STARTUP_TIMEOUT_ENV, "0.01")
+    reward_fn = create_nemo_gym_reward_fn({}, {"x": "http://127.0.0.1:1/verify"})
+    with pytest.raises(RuntimeError, match="did not start within 0.01 s") as raised:
+        reward_fn(completions=["x"], resources_server_ref=[{"name": "x"}])
+    pid = int(str(raised.value).split("(pid ")[1].split(")")[0])
+    assert not os.path.exists(f"/proc/{pid}")  # stopped and reaped
+    assert not embedded.running_bridges()

@@ -12,7 +12,7 @@ import grpc
 from nemo_gym_grpc.bridge.flows.run import Runner
 from nemo_gym_grpc.bridge.rpc import streams
 from nemo_gym_grpc.bridge.rpc.handlers import add_service
-from nemo_gym_grpc.bridge.rpc.verify_service import rediscover
+from nemo_gym_grpc.bridge.rpc.listing import rediscover
 from nemo_gym_grpc.shared.contract import ROLLOUT_SERVICE
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterable, AsyncIterator
 
-import aiohttp
 import grpc
 
-from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.rpc import streams
 from nemo_gym_grpc.bridge.rpc.handlers import add_service
+from nemo_gym_grpc.bridge.rpc.listing import rediscover
 from nemo_gym_grpc.shared.contract import VERIFY_SERVICE
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
@@ -72,27 +71,6 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
                 for u in upstreams.entries()
             ]
         )
-
-
-async def rediscover(
-    table: Upstreams, context: grpc.aio.ServicerContext, *, required: bool = True
-) -> None:
-    """Discover `table` again from its head server, if it has one (a List call's `refresh`).
-
-    Raises:
-        the exception of `context.abort` (UNAVAILABLE, naming the head server) when the head
-        server cannot be read and `required` is set; without it the failure is ignored.
-    """
-    if not table.head_url:
-        return
-    try:
-        await table.discover()
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        if required:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE,
-                f"head server {table.head_url} could not be read: {exc!r}",
-            )
 
 
 def add_verify_service(service: VerifyService, server: grpc.aio.Server) -> None:
