@@ -22,9 +22,7 @@ cancelled request: NeMo Gym 0.7 cancels the rollout's handler) and the agent's s
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
 
 from google.rpc import code_pb2
 
@@ -135,18 +133,17 @@ class Runner:
             slots = self._slots[name] = Slots(self._concurrency)
         try:
             async with slots.use(attempts.slot_wait(deadline)) as queued:
+                tries = attempts.Attempts(self._retry, deadline, self.balancer, urls)
                 return await upstream.attempted(
-                    attempts.Attempts(self._retry, deadline, self.balancer, urls),
-                    lambda replica, number: self._attempt(
-                        replica, request, checked, protocol, number, deadline, queued
-                    ),
+                    tries,
+                    self._attempt,
+                    request,
+                    checked,
+                    protocol,
+                    deadline,
+                    queued,
                     may_retry=_not_started,
-                    retrying=lambda failure: log.info(
-                        "retrying rollout request_id=%r on %s (%s): it did not start",
-                        request.request_id[:100],
-                        name,
-                        failure.reason,
-                    ),
+                    retrying=_retrying,
                 )
         except SlotTimeout as exc:
             raise attempts.deadline_passed(
@@ -159,10 +156,10 @@ class Runner:
     async def _attempt(
         self,
         replica: Replica,
+        attempt: int,
         request: rollout_pb2.RunRequest,
         checked: Checked,
         protocol: str,
-        attempt: int,
         deadline: float | None,
         queued: float,
     ) -> tuple[Ran, float]:
@@ -185,10 +182,12 @@ class Runner:
                     item_timeout=request.timeout_seconds,
                     default_timeout=self._default_timeout,
                     deadline=deadline,
-                    record=functools.partial(self.metrics.rollout_call, request.agent),
+                    record=self.metrics.rollout_call,
+                    labels=(request.agent,),
                 )
+            reader = episodes.read_episode_reply if protocol == ENVIRONMENT else _read_rollout
             ran = upstream.read(
-                reply, url, _reader(protocol, url, request.include_reply), errors.run_status_error
+                reply, url, reader, request.include_reply, status_error=errors.run_status_error
             )
         except errors.ItemError as exc:
             if exc.metadata.get("queuedSeconds") is None and queued:
@@ -197,12 +196,19 @@ class Runner:
         return ran, reply.seconds
 
 
-def _reader(protocol: str, url: str, include_reply: bool) -> Callable[[bytes], Ran]:
-    """What reads a 200 `/run` reply body from `url` of a server of `protocol` (an
-    environment server's episode, else an agent's rollout)."""
-    if protocol == ENVIRONMENT:
-        return lambda body: episodes.read_episode_reply(body, url, include_reply)
-    return lambda body: read_rollout(parse_reply(body, url), url, include_reply)
+def _read_rollout(body: bytes, url: str, include_reply: bool) -> Ran:
+    """An agent's 200 `/run` reply body from `url` as its rollout."""
+    return read_rollout(parse_reply(body, url), url, include_reply)
+
+
+def _retrying(failure: errors.ItemError, request: rollout_pb2.RunRequest, *_: object) -> None:
+    """Log the retry of `request` after `failure` (which cannot have started it)."""
+    log.info(
+        "retrying rollout request_id=%r on %s (%s): it did not start",
+        request.request_id[:100],
+        request.agent,
+        failure.reason,
+    )
 
 
 def _not_started(exc: errors.ItemError) -> bool:

@@ -11,10 +11,10 @@ RPC was cancelled); the in-flight HTTP request is then closed and its upstream s
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from google.rpc import code_pb2
 
@@ -147,14 +147,17 @@ class Verifier:
         call = _Call(
             name, request.request_id, payload, seed, request.timeout_seconds, request.include_reply
         )
+        tries = attempts.Attempts(self._retry, deadline, self.balancer, urls)
         return await upstream.attempted(
-            attempts.Attempts(self._retry, deadline, self.balancer, urls),
-            lambda replica, number: self._attempt(replica, call, number, deadline),
-            retrying=lambda failure: self.metrics.retry(name, failure.reason),
+            tries, self._attempt, call, deadline, retrying=self._retrying
         )
 
+    def _retrying(self, failure: errors.ItemError, call: _Call, deadline: float | None) -> None:
+        """Count the retry of `call` after `failure`."""
+        self.metrics.retry(call.name, failure.reason)
+
     async def _attempt(
-        self, replica: Replica, call: _Call, attempt: int, deadline: float | None
+        self, replica: Replica, attempt: int, call: _Call, deadline: float | None
     ) -> tuple[Scored, float]:
         """Attempt number `attempt` (1 = the first) on one replica, in one of its slots:
         `/seed_session` (for a session; typed where the replica takes only that) then
@@ -195,9 +198,7 @@ class Verifier:
         except SlotTimeout as exc:
             raise _slot_timeout(url, exc.queued) from None
         try:
-            scored = upstream.read(
-                reply, url, lambda body: read_verify_reply(body, url, call.include_reply)
-            )
+            scored = upstream.read(reply, url, read_verify_reply, call.include_reply)
         except errors.ItemError as exc:
             _no_reverify(exc, caps, sent=True)
             raise
@@ -281,7 +282,7 @@ class Verifier:
                 name,
             )
 
-    async def _post(
+    def _post(
         self,
         replica: Replica,
         base: str,
@@ -291,10 +292,10 @@ class Verifier:
         cookie: str,
         deadline: float | None,
         queued: float,
-    ) -> Reply:
-        """One POST of `body` to `base + path` on `replica` (`upstream.post`), counted in the
-        latency metric under `path`."""
-        return await upstream.post(
+    ) -> Coroutine[Any, Any, Reply]:
+        """One POST of `body` to `base + path` on `replica` (`upstream.post`, returned to be
+        awaited), counted in the latency metric under `path`."""
+        return upstream.post(
             self._client,
             replica,
             base + path,
@@ -303,7 +304,8 @@ class Verifier:
             item_timeout=call.timeout,
             default_timeout=self._default_timeout,
             deadline=deadline,
-            record=functools.partial(self.metrics.call, call.name, path),
+            record=self.metrics.call,
+            labels=(call.name, path),
             cookie=cookie,
             queued=queued,
         )
