@@ -134,17 +134,20 @@ class Runner:
         try:
             async with slots.use(attempts.slot_wait(deadline)) as queued:
                 tries = attempts.Attempts(self._retry, deadline, self.balancer, urls)
-                return await upstream.attempted(
-                    tries,
-                    self._attempt,
-                    request,
-                    checked,
-                    protocol,
-                    deadline,
-                    queued,
-                    may_retry=_not_started,
-                    retrying=_retrying,
-                )
+                while True:
+                    replica = tries.next()
+                    try:
+                        return await self._attempt(
+                            replica, tries.number, request, checked, protocol, deadline, queued
+                        )
+                    except errors.ItemError as exc:
+                        await tries.again(exc, _not_started(exc))  # raises it when final
+                        log.info(
+                            "retrying rollout request_id=%r on %s (%s): it did not start",
+                            request.request_id[:100],
+                            name,
+                            exc.reason,
+                        )
         except SlotTimeout as exc:
             raise attempts.deadline_passed(
                 f"while waiting {exc.queued:.3f} s for one of the {self._concurrency} slots of "
@@ -199,16 +202,6 @@ class Runner:
 def _read_rollout(body: bytes, url: str, include_reply: bool) -> Ran:
     """An agent's 200 `/run` reply body from `url` as its rollout."""
     return read_rollout(parse_reply(body, url), url, include_reply)
-
-
-def _retrying(failure: errors.ItemError, request: rollout_pb2.RunRequest, *_: object) -> None:
-    """Log the retry of `request` after `failure` (which cannot have started it)."""
-    log.info(
-        "retrying rollout request_id=%r on %s (%s): it did not start",
-        request.request_id[:100],
-        request.agent,
-        failure.reason,
-    )
 
 
 def _not_started(exc: errors.ItemError) -> bool:

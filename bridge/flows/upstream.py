@@ -1,54 +1,31 @@
-"""The one upstream call path of every flow (verify, run, and the session calls to come): an
-item's attempts on its replicas (`attempted`), and each attempt's POST with its timeout cut to
-the RPC deadline, its latency counted, a refused connection passing the replica over (`post`),
-and its reply read into the flow's result or a failure that carries the call's latency and the
-server's failure report (`read`). Each flow only builds its bodies and reads its replies.
+"""The one upstream call path of every flow (verify, run, and the session calls to come): each
+attempt's POST with its timeout cut to the RPC deadline, its latency counted, a refused
+connection passing the replica over (`post`), and its reply read into the flow's result or a
+failure that carries the call's latency and the server's failure report (`read`). Each flow
+builds its bodies, reads its replies and drives its attempts (`attempts.Attempts`, in the loop
+its docstring shows).
 
-The flows hand their own steps over as functions and their arguments, not as closures: an item
-that made a closure or a `functools.partial` per call cost the bridge 10-15 us of CPU more
-(measured with benchmarks/experiments/side_by_side.py; py-spy put it in garbage collection),
-since each is a new object the collector has to visit.
+Measured on the bridge's hot path (benchmarks/experiments/side_by_side.py, CPU per item against
+the commit before): the flows hand their steps over as functions and arguments, not closures
+(a lambda, a partial and a closure per item cost 10-15 us more), and the attempts loop stays in
+each flow's own coroutine (a shared coroutine around it, one more frame for every resumption,
+cost 4-6 us more).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.flows import attempts
-from nemo_gym_grpc.bridge.flows.attempts import Attempts
 from nemo_gym_grpc.bridge.flows.balancer import Replica
 from nemo_gym_grpc.bridge.nemo_gym import http, reports
 from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply
 
 T = TypeVar("T")
-
-
-async def attempted(
-    tries: Attempts,
-    attempt: Callable[..., Awaitable[T]],
-    *args: Any,
-    may_retry: Callable[[errors.ItemError], bool] | None = None,
-    retrying: Callable[..., None] | None = None,
-) -> T:
-    """`attempt(replica, number, *args)` (number 1 = the first) on the replicas `tries` picks,
-    until one returns or a failure is final (`Attempts.again`: `may_retry(failure)` when given,
-    else the failure's `retryable`). `retrying(failure, *args)` runs before each retry.
-
-    Raises:
-        errors.ItemError: the final failure, with its `attempts` metadata.
-    """
-    while True:
-        replica = tries.next()
-        try:
-            return await attempt(replica, tries.number, *args)
-        except errors.ItemError as exc:
-            await tries.again(exc, None if may_retry is None else may_retry(exc))
-            if retrying is not None:
-                retrying(exc, *args)
 
 
 async def post(

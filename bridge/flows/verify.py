@@ -148,13 +148,13 @@ class Verifier:
             name, request.request_id, payload, seed, request.timeout_seconds, request.include_reply
         )
         tries = attempts.Attempts(self._retry, deadline, self.balancer, urls)
-        return await upstream.attempted(
-            tries, self._attempt, call, deadline, retrying=self._retrying
-        )
-
-    def _retrying(self, failure: errors.ItemError, call: _Call, deadline: float | None) -> None:
-        """Count the retry of `call` after `failure`."""
-        self.metrics.retry(call.name, failure.reason)
+        while True:
+            replica = tries.next()
+            try:
+                return await self._attempt(replica, tries.number, call, deadline)
+            except errors.ItemError as exc:
+                await tries.again(exc)  # raises it when it is final
+                self.metrics.retry(name, exc.reason)
 
     async def _attempt(
         self, replica: Replica, attempt: int, call: _Call, deadline: float | None
