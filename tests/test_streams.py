@@ -7,10 +7,13 @@ and NeMo Gym: test_bridge.py, test_faults*.py, test_run_service.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
+
+from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge.rpc import streams
 from nemo_gym_grpc.bridge.rpc.verify_service import VerifyService
@@ -36,7 +39,9 @@ class Scripted:
         return verify_pb2.VerifyResponse(request_id=request.request_id, reward=1.0)
 
 
-def kind(scripted: Scripted, max_stream_items: int = 4096) -> streams.Kind:
+def kind(
+    scripted: Scripted, max_stream_items: int = 4096, max_message_bytes: int = 64 << 20
+) -> streams.Kind:
     """VerifyStream's kind (`VerifyService`), with the scripted answers in place of a
     Verifier's."""
     verifier = SimpleNamespace(
@@ -49,6 +54,7 @@ def kind(scripted: Scripted, max_stream_items: int = 4096) -> streams.Kind:
         verifier,  # type: ignore[arg-type]
         max_stream_items=max_stream_items,
         max_batch_items=max_stream_items,
+        max_message_bytes=max_message_bytes,
     )
     return service._kind
 
@@ -110,3 +116,43 @@ async def test_a_duplicate_request_id_in_flight_is_refused_alone() -> None:
     assert "already in flight" in refused[0].error.message
     assert stream.failed == 1
     assert reasons.INVALID_ITEM in str(refused[0].error.details)
+
+
+def sized(request_id: str, reply_bytes: int) -> verify_pb2.VerifyResponse:
+    """A result whose `reply_json` holds `reply_bytes` bytes."""
+    return verify_pb2.VerifyResponse(
+        request_id=request_id, reward=1.0, reply_json="r" * reply_bytes
+    )
+
+
+def test_results_that_finish_together_are_split_under_the_message_limit() -> None:
+    limit = 10_000
+    results = [sized(f"r{i}", 3_000) for i in range(7)] + [sized("huge", 20_000)]
+    messages = list(streams.fitted(kind(Scripted(0), max_message_bytes=limit), results))
+    assert all(m.ByteSize() <= limit for m in messages)
+    got = [r for m in messages for r in m.results]
+    assert [r.request_id for r in got] == [f"r{i}" for i in range(7)] + ["huge"]
+    assert [len(m.results) for m in messages] == [3, 3, 2]  # the huge one as its failure
+    huge = got[-1]
+    assert huge.HasField("error") and huge.error.code == code_pb2.FAILED_PRECONDITION
+    assert reasons.RESULT_TOO_LARGE in str(huge.error.details) and "20" in huge.error.message
+
+
+def test_results_that_fit_go_out_in_one_message() -> None:
+    results = [sized(f"r{i}", 100) for i in range(64)]
+    (message,) = streams.fitted(kind(Scripted(0)), results)
+    assert [r.request_id for r in message.results] == [f"r{i}" for i in range(64)]
+
+
+async def test_a_stream_counts_a_result_sent_once_its_message_was_taken() -> None:
+    stream = streams._Stream(kind(Scripted(3), max_message_bytes=4_000), None)
+    ids = [f"i{n}" for n in range(40)]
+
+    async def answer(request, deadline):
+        return sized(request.request_id, 1_500)
+
+    stream._kind = dataclasses.replace(stream._kind, answer=answer)
+    sent = await run(stream, ids, per_message=40)
+    assert sorted(r.request_id for m in sent for r in m) == sorted(ids)
+    assert all(len(m) <= 2 for m in sent)  # 2 x 1.5 KB fit 4 KB, 3 do not
+    assert (stream.accepted, stream.sent) == (40, 40)

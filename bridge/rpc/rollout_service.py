@@ -13,7 +13,7 @@ from nemo_gym_grpc.bridge.flows.run import Runner
 from nemo_gym_grpc.bridge.rpc import streams
 from nemo_gym_grpc.bridge.rpc.handlers import add_service
 from nemo_gym_grpc.bridge.rpc.listing import rediscover
-from nemo_gym_grpc.shared.contract import ROLLOUT_SERVICE
+from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES, ROLLOUT_SERVICE
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -24,10 +24,18 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
 
     Args:
         runner: runs single rollouts.
-        max_stream_items, max_batch_items: the RunStream limits (`streams.Kind`).
+        max_stream_items, max_batch_items: the RunStream limits, and its largest
+            response message (`streams.Kind`).
     """
 
-    def __init__(self, runner: Runner, *, max_stream_items: int, max_batch_items: int) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        max_stream_items: int,
+        max_batch_items: int,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
         self._runner = runner
         self._kind: streams.Kind[rollout_pb2.RunRequest, rollout_pb2.RunResponse] = streams.Kind(
             answer=runner.run,
@@ -40,6 +48,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             max_stream_items=max_stream_items,
             max_batch_items=max_batch_items,
             log=log,
+            max_message_bytes=max_message_bytes,
         )
 
     async def Run(

@@ -129,6 +129,7 @@ async def build(config: BridgeConfig, client: http.Client) -> Bridge:
     limits = {
         "max_stream_items": config.max_stream_items,
         "max_batch_items": config.max_batch_items or config.max_stream_items,
+        "max_message_bytes": config.max_message_bytes,
     }
     add_verify_service(VerifyService(verifier, **limits), server)
     add_rollout_service(RolloutService(runner, **limits), server)

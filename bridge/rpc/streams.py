@@ -24,15 +24,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
+from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.rpc.interceptors import refuse_stream
+from nemo_gym_grpc.shared import reasons
+from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES
 
 # An item (VerifyRequest, RunRequest) and its result (VerifyResponse, RunResponse): messages
 # with a `request_id`, the result with an `error` oneof member.
@@ -60,6 +63,9 @@ class Kind(Generic[Item, Result]):
             the stream with RESOURCE_EXHAUSTED naming `--max-batch-items` (the items read
             before it are answered first).
         log: where the end of each stream is logged.
+        max_message_bytes: most bytes of one response message (`--max-message-mb`, gRPC's send
+            limit): the results that finish together go out in as many messages as that takes,
+            and a result that alone is larger is replaced by its failure (`fitted`).
     """
 
     answer: Callable[[Item, float | None], Awaitable[Result]]
@@ -72,6 +78,7 @@ class Kind(Generic[Item, Result]):
     max_stream_items: int
     max_batch_items: int
     log: logging.Logger
+    max_message_bytes: int = MAX_MESSAGE_BYTES
 
 
 @dataclass(frozen=True)
@@ -108,7 +115,9 @@ async def unary(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"the {request.name} could not be parsed ({request.error})",
         )
-    return await kind.answer(request, call_deadline(context))
+    result = await kind.answer(request, call_deadline(context))
+    size = result.ByteSize()
+    return result if size <= kind.max_message_bytes else too_large(result, size, kind)
 
 
 def call_deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -298,9 +307,58 @@ class _Stream(Generic[Item, Result]):
             self._room += len(results)
             if self._room_freed is not None and not self._room_freed.done():
                 self._room_freed.set_result(None)
-            self.failed += sum(result.HasField("error") for result in results)
-            self.sent += len(results)
-            yield self._kind.response(results=results)
+            for message in fitted(self._kind, results):
+                yield message
+                # counted once gRPC took it (it asks for the next message after the write)
+                self.failed += sum(result.HasField("error") for result in message.results)
+                self.sent += len(message.results)
+
+
+# Bytes a result adds to a response message beyond its own: its field tag and length prefix.
+_FIELD_BYTES = 6
+
+
+def fitted(kind: Kind[Item, Result], results: list[Result]) -> Iterator[Any]:
+    """The response messages of `results`, each at most `kind.max_message_bytes` (gRPC's send
+    limit: a larger message would end the whole stream RESOURCE_EXHAUSTED and lose every
+    result in it); in one message when they fit, as they usually do. A result that alone is
+    over the limit is replaced by its failure (`too_large`)."""
+    message = kind.response(results=results)
+    limit = kind.max_message_bytes
+    if message.ByteSize() <= limit:
+        yield message
+        return
+    chunk: list[Result] = []
+    size = 0
+    for result in results:
+        own = result.ByteSize()
+        if own + _FIELD_BYTES > limit:
+            result = too_large(result, own, kind)
+            own = result.ByteSize()
+        if chunk and size + own + _FIELD_BYTES > limit:
+            yield kind.response(results=chunk)
+            chunk, size = [], 0
+        chunk.append(result)
+        size += own + _FIELD_BYTES
+    if chunk:
+        yield kind.response(results=chunk)
+
+
+def too_large(result: Result, size: int, kind: Kind[Item, Result]) -> Result:
+    """The failure that replaces `result` (of `size` bytes) when it cannot fit one message:
+    FAILED_PRECONDITION / RESULT_TOO_LARGE, not retryable, its latency kept."""
+    error = errors.ItemError(
+        code_pb2.FAILED_PRECONDITION,
+        reasons.RESULT_TOO_LARGE,
+        f"the result is {size} bytes, over the {kind.max_message_bytes}-byte message limit "
+        "(--max-message-mb): ask without include_reply, or raise the limit on both ends",
+        retryable=False,
+        resultBytes=size,
+        maxMessageBytes=kind.max_message_bytes,
+    )
+    error.latency_seconds = getattr(result, "latency_seconds")  # noqa: B009
+    kind.log.warning("request_id=%r: %s", getattr(result, "request_id")[:100], error.message)  # noqa: B009
+    return error.result(type(result), getattr(result, "request_id"))  # noqa: B009
 
 
 def _duplicate(request_id: str) -> errors.ItemError:

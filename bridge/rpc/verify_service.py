@@ -13,7 +13,7 @@ from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.rpc import streams
 from nemo_gym_grpc.bridge.rpc.handlers import add_service
 from nemo_gym_grpc.bridge.rpc.listing import rediscover
-from nemo_gym_grpc.shared.contract import VERIFY_SERVICE
+from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES, VERIFY_SERVICE
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -24,10 +24,18 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
 
     Args:
         verifier: scores single items.
-        max_stream_items, max_batch_items: the VerifyStream limits (`streams.Kind`).
+        max_stream_items, max_batch_items: the VerifyStream limits, and its largest
+            response message (`streams.Kind`).
     """
 
-    def __init__(self, verifier: Verifier, *, max_stream_items: int, max_batch_items: int) -> None:
+    def __init__(
+        self,
+        verifier: Verifier,
+        *,
+        max_stream_items: int,
+        max_batch_items: int,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
         self._verifier = verifier
         self._kind: streams.Kind[verify_pb2.VerifyRequest, verify_pb2.VerifyResponse] = (
             streams.Kind(
@@ -41,6 +49,7 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
                 max_stream_items=max_stream_items,
                 max_batch_items=max_batch_items,
                 log=log,
+                max_message_bytes=max_message_bytes,
             )
         )
 

@@ -4,7 +4,7 @@
 Also the reasons (`google.rpc.ErrorInfo.reason`) of the failures only the client side decides
 (a rollout without usable tokens, a bad `score` row); an item the client refuses for a cause the
 bridge refuses too (not valid, over the message limit) gets the bridge's own reason
-(`bridge/errors.py`: `INVALID_ITEM`, `ITEM_TOO_LARGE`). And
+(`nemo_gym_grpc.shared.reasons`: `INVALID_ITEM`, `ITEM_TOO_LARGE`). And
 `finite_number`, the one test of "a number worth reporting" for rows and reply fields.
 """
 
