@@ -1,8 +1,9 @@
-"""The stream machinery (`bridge.streams`) on its own, with scripted answers (fast tier): every
-item read gets exactly one result whatever order the answers finish in, results finishing
+"""The stream machinery (`bridge.rpc.streams`) on its own, with scripted answers (fast tier):
+every item read gets exactly one result whatever order the answers finish in, results finishing
 while a message is being sent go out in the next one, at most `max_stream_items` items are
-held at once, and a duplicate request_id is refused alone. The real services over real gRPC
-and NeMo Gym: test_bridge.py, test_faults*.py, test_run_service.py."""
+held at once, a duplicate request_id is refused alone, and no response message is over the
+send limit (a result alone over it is its item's failure). The real services over real gRPC
+and NeMo Gym: test_bridge.py, test_faults*.py, test_run_service.py, test_message_limits.py."""
 
 from __future__ import annotations
 
@@ -145,14 +146,25 @@ def test_results_that_fit_go_out_in_one_message() -> None:
 
 
 async def test_a_stream_counts_a_result_sent_once_its_message_was_taken() -> None:
-    stream = streams._Stream(kind(Scripted(3), max_message_bytes=4_000), None)
-    ids = [f"i{n}" for n in range(40)]
-
     async def answer(request, deadline):
         return sized(request.request_id, 1_500)
 
-    stream._kind = dataclasses.replace(stream._kind, answer=answer)
+    small = dataclasses.replace(kind(Scripted(3), max_message_bytes=4_000), answer=answer)
+    stream = streams._Stream(small, None)
+    ids = [f"i{n}" for n in range(40)]
     sent = await run(stream, ids, per_message=40)
     assert sorted(r.request_id for m in sent for r in m) == sorted(ids)
     assert all(len(m) <= 2 for m in sent)  # 2 x 1.5 KB fit 4 KB, 3 do not
     assert (stream.accepted, stream.sent) == (40, 40)
+
+
+async def test_a_unary_result_over_the_message_limit_is_its_items_failure() -> None:
+    async def answer(request, deadline):
+        return sized(request.request_id, 20_000)
+
+    small = dataclasses.replace(kind(Scripted(0), max_message_bytes=10_000), answer=answer)
+    context = SimpleNamespace(time_remaining=lambda: None)
+    item = verify_pb2.VerifyRequest(request_id="u", resources_server="s")
+    result = await streams.unary(small, item, context)  # type: ignore[arg-type]
+    assert result.request_id == "u" and result.error.code == code_pb2.FAILED_PRECONDITION
+    assert result.ByteSize() < 10_000
