@@ -95,13 +95,10 @@ lint: $(DEV)
 	buf format -d --exit-code proto
 	$(MAKE) -s typecheck
 
-# mypy checks the installed names; build/typecheck lays out bridge/, rewards/ and proto/nemo_gym_grpc/
-# as the nemo_gym_grpc namespace it installs as.
+# mypy checks the installed names: build/typecheck lays the package out as it installs, from
+# pyproject.toml's package-dir (tests/support/layout.py).
 typecheck: $(DEV)
-	mkdir -p build/typecheck/nemo_gym_grpc
-	ln -sfn ../../../bridge build/typecheck/nemo_gym_grpc/bridge
-	ln -sfn ../../../rewards build/typecheck/nemo_gym_grpc/rewards
-	for p in v1 shared cli; do ln -sfn ../../../proto/nemo_gym_grpc/$$p build/typecheck/nemo_gym_grpc/$$p; done
+	$(PY) -c "from pathlib import Path; from tests.support.layout import lay_out; lay_out(Path('build/typecheck'))"
 	MYPYPATH=build/typecheck $(PY) -m mypy --config-file pyproject.toml \
 	  -p nemo_gym_grpc.bridge -p nemo_gym_grpc.rewards -p nemo_gym_grpc.shared -p nemo_gym_grpc.cli
 

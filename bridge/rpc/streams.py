@@ -346,19 +346,19 @@ def fitted(kind: Kind[Item, Result], results: list[Result]) -> Iterator[Any]:
 
 def too_large(result: Result, size: int, kind: Kind[Item, Result]) -> Result:
     """The failure that replaces `result` (of `size` bytes) when it cannot fit one message:
-    FAILED_PRECONDITION / RESULT_TOO_LARGE, not retryable, its latency kept."""
+    FAILED_PRECONDITION / RESULT_TOO_LARGE (not retryable), its latency kept."""
+    request_id: str = getattr(result, "request_id")  # noqa: B009
     error = errors.ItemError(
         code_pb2.FAILED_PRECONDITION,
         reasons.RESULT_TOO_LARGE,
         f"the result is {size} bytes, over the {kind.max_message_bytes}-byte message limit "
         "(--max-message-mb): ask without include_reply, or raise the limit on both ends",
-        retryable=False,
         resultBytes=size,
         maxMessageBytes=kind.max_message_bytes,
     )
     error.latency_seconds = getattr(result, "latency_seconds")  # noqa: B009
-    kind.log.warning("request_id=%r: %s", getattr(result, "request_id")[:100], error.message)  # noqa: B009
-    return error.result(type(result), getattr(result, "request_id"))  # noqa: B009
+    kind.log.warning("request_id=%r: %s", request_id[:100], error.message)
+    return error.result(type(result), request_id)
 
 
 def _duplicate(request_id: str) -> errors.ItemError:

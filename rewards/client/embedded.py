@@ -35,12 +35,10 @@ from dataclasses import dataclass
 
 from nemo_gym_grpc.rewards.client import per_process, settings
 from nemo_gym_grpc.rewards.client.per_process import PerProcess
-from nemo_gym_grpc.shared.child import Child, NotReady, bridge_command
+from nemo_gym_grpc.shared.child import STOP_GRACE, Child, NotReady, bridge_command
 
 log = logging.getLogger(__name__)
 
-# Seconds a stopped bridge gets between SIGTERM and SIGKILL (its own drain grace is 10 s).
-STOP_GRACE = 15.0
 _PREFIX = "nemo-gym-grpc-bridge-"
 
 

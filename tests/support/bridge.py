@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from nemo_gym_grpc.shared.child import Child, NotReady, bridge_command
+from nemo_gym_grpc.shared.child import STOP_GRACE, Child, NotReady, bridge_command
 from tests.support import procs
 from tests.support.errors import NemoGymError
 from tests.support.procs import tail
@@ -44,7 +44,7 @@ class BridgeProcess:
         """The last `lines` lines of the bridge's stderr."""
         return tail(self.stderr_path, lines)
 
-    def stop(self, timeout: float = 15.0) -> int | None:
+    def stop(self, timeout: float = STOP_GRACE) -> int | None:
         """SIGTERM (graceful), wait up to `timeout`, then SIGKILL. Returns the exit code."""
         self.returncode = self.child.stop(timeout)
         procs.live.discard(self)

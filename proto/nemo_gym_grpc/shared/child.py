@@ -25,6 +25,8 @@ from pathlib import Path
 
 POLL_SECONDS = 0.05
 LOG_TAIL_BYTES = 4000
+# Seconds a stopped child gets between SIGTERM and SIGKILL (a bridge's own drain grace is 10 s).
+STOP_GRACE = 15.0
 
 
 def bridge_command(*args: str, python: str = sys.executable) -> list[str]:
@@ -50,7 +52,9 @@ def read_ready_file(path: Path) -> str | None:
         text = path.read_text()
     except FileNotFoundError:
         return None
-    return text.strip() or None if text.endswith("\n") else None
+    if not text.endswith("\n"):
+        return None  # not written whole yet
+    return text.strip() or None
 
 
 class NotReady(RuntimeError):
@@ -163,7 +167,7 @@ class Child:
         except OSError:
             return ""
 
-    def stop(self, grace: float = 15.0) -> int | None:
+    def stop(self, grace: float = STOP_GRACE) -> int | None:
         """SIGTERM, wait up to `grace` seconds, then SIGKILL; remove the folder. Returns the
         exit status. A process that already exited is not signalled (its PID may be another's
         by now), but its group is when it had one (a bridge's `--workers` outlive it)."""
