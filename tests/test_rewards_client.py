@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from concurrent import futures
 
 import grpc
@@ -133,9 +132,11 @@ def test_the_batch_deadline_ends_a_stalled_stream(scripted, caplog, asynchronous
     assert "DEADLINE_EXCEEDED x2" in caplog.text
 
 
-def _verify_call(target: str, mode: str, count: int) -> stream.Call:
+def _verify_call(target: str, mode: str, count: int, name: str = "") -> stream.Call:
+    """A call of `count` items to scripted `mode`, request_ids "<name or mode>-<i>"."""
+    name = name or mode
     requests = [
-        verify_pb2.VerifyRequest(request_id=f"{mode}-{i}", resources_server=mode, completion=str(i))
+        verify_pb2.VerifyRequest(request_id=f"{name}-{i}", resources_server=mode, completion=str(i))
         for i in range(count)
     ]
     return stream.Call(stream.VERIFY, target, requests, timeout=120.0, connect_timeout=10.0)
@@ -144,8 +145,9 @@ def _verify_call(target: str, mode: str, count: int) -> stream.Call:
 def test_a_stopper_ends_a_sync_call_from_another_thread_with_one_outcome_per_item(scripted):
     target, servicer = scripted
     stopper, outcomes_of = stopping.Stopper(), {}
-    ended_before = len(servicer.stalls_ended)
-    call = _verify_call(target, "stall", 4)  # two answered, then nothing for 60 s
+    # two answered, then nothing for 60 s (ids of its own: an earlier test's stalled call may
+    # end on the servicer while this one runs)
+    call = _verify_call(target, "stall", 4, name="stopped")
 
     def send() -> None:
         with stopper.running():
@@ -157,12 +159,12 @@ def test_a_stopper_ends_a_sync_call_from_another_thread_with_one_outcome_per_ite
     stopper.stop()
     reader.join(10)
     assert not reader.is_alive()
-    assert [outcomes_of[f"stall-{i}"].reward for i in (0, 1)] == [0.0, 1.0]
-    for held in ("stall-2", "stall-3"):
+    assert [outcomes_of[f"stopped-{i}"].reward for i in (0, 1)] == [0.0, 1.0]
+    for held in ("stopped-2", "stopped-3"):
         failure = outcomes_of[held]
         assert isinstance(failure, outcomes.Failure)
         assert (failure.code, failure.whole_call) == ("CANCELLED", True)
-    wait_until(lambda: len(servicer.stalls_ended) == ended_before + 1, 10, "the bridge's cancel")
+    wait_until(lambda: "stopped-0" in servicer.stalls_ended, 10, "the bridge's cancel")
     # once stopped, a call made under it is cancelled as it opens: each item CANCELLED
     with stopper.running():
         later = stream.send(_verify_call(target, "echo", 2))
@@ -282,12 +284,18 @@ def _file_scorer(target: str, stop: asyncio.Event, concurrency: int = 2) -> batc
     return batches.FileScorer(route, concurrency=concurrency, stop=stop)
 
 
+def _ended(servicer: ScriptedBridge, since: int) -> set[str]:
+    """The first request_ids of the stalled calls that ended since `since` (the length of
+    `stalls_ended` before): ids, not a count, since an earlier test's call may end meanwhile."""
+    return set(servicer.stalls_ended[since:])
+
+
 def test_a_stopped_run_keeps_the_finished_batches_and_cancels_the_calls_in_flight(scripted):
     target, servicer = scripted
     out = io.BytesIO()
     written: list[int] = []
     rows = _rows(["echo"] * 4 + ["stall"] * 8)  # batches of 2: two answered, four held
-    ended_before = len(servicer.stalls_ended)
+    ended_before = len(servicer.stalls_ended)  # the stalls of this test are lines 5 and 7
     servicer.most_in_flight = 0
 
     async def run_stopped_after_one_second() -> tuple[bool, int]:
@@ -300,10 +308,8 @@ def test_a_stopped_run_keeps_the_finished_batches_and_cancels_the_calls_in_fligh
     assert asyncio.run(run_stopped_after_one_second()) == (False, 4)
     assert [json.loads(line)["line"] for line in out.getvalue().splitlines()] == [1, 2, 3, 4]
     assert written == [2, 2]
-    deadline = time.monotonic() + 10
-    while len(servicer.stalls_ended) < ended_before + 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(servicer.stalls_ended) == ended_before + 2  # the bridge saw both cancelled
+    # the bridge saw both held calls cancelled
+    wait_until(lambda: _ended(servicer, ended_before) >= {"5", "7"}, 10, "cancelled calls")
     assert servicer.most_in_flight == 2  # --concurrency: the other two held batches waited
 
 
@@ -388,4 +394,4 @@ def test_sigterm_stops_the_score_command_with_a_valid_prefix(scripted, tmp_path)
     assert "SIGTERM: stopping" in stderr and "Traceback" not in stderr
     assert [json.loads(line)["line"] for line in out.read_text().splitlines()] == [1, 2, 3, 4]
     assert "4 of 8 rows in" in stdout
-    wait_until(lambda: len(servicer.stalls_ended) == ended_before + 2, 10, "cancelled calls")
+    wait_until(lambda: _ended(servicer, ended_before) >= {"5", "7"}, 10, "cancelled calls")
