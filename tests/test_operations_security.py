@@ -13,7 +13,8 @@ import grpc
 import pytest
 import trustme
 
-from nemo_gym_grpc.bridge.process.config import BridgeConfig, check_exposure
+from nemo_gym_grpc.bridge.process.checks import check_exposure
+from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.test_operations import SERVING, health_status, mcqa_request
 

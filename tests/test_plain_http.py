@@ -26,6 +26,8 @@ from tests.support.fault_proxy import Fault, FaultProxy
 REPLY = b'{"reward": 1.0, "text": "' + b"x" * 5000 + b'"}'
 HEADERS = [("Content-Type", "application/json"), ("X-Request-Id", "item-1")]
 CLIENTS = ["plain", "aiohttp"]
+# The body cap of the clients under test: far above any reply here.
+MAX_BODY = 1 << 30
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,7 @@ class Either:
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self.plain = plain_http.Client()
+        self.plain = plain_http.Client(MAX_BODY)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar()
         )
@@ -164,7 +166,7 @@ async def test_cancelling_a_request_closes_its_connection_at_once(
 async def test_keep_alive_connections_are_reused_after_http_errors_not_after_broken_replies(
     proxy: FaultProxy,
 ) -> None:
-    client = plain_http.Client()
+    client = plain_http.Client(MAX_BODY)
     url = proxy.url + "/verify"
     try:
         proxy.set_faults(Fault("status", status=500, body=b'"no"', times=3))
@@ -194,7 +196,7 @@ async def test_connections_the_server_closed_while_idle_are_not_reused(
 
 async def test_concurrent_requests_each_get_their_own_reply(proxy: FaultProxy) -> None:
     proxy.set_faults()
-    client = plain_http.Client()
+    client = plain_http.Client(MAX_BODY)
     try:
         replies = await asyncio.gather(
             *(client.post(proxy.url + "/verify", b"{}", HEADERS, 10.0) for _ in range(200))
@@ -229,7 +231,7 @@ async def test_a_large_body_is_read_whole_and_an_endless_head_is_refused() -> No
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    client = plain_http.Client()
+    client = plain_http.Client(MAX_BODY)
     try:
         reply = await client.post(base + "/big", b"{}", HEADERS, 10.0)
         assert (reply.status, len(reply.body)) == (200, len(big))

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from nemo_gym_grpc.bridge.nemo_gym import plain_http
 
+# The body cap of our client: far above any reply here.
+MAX_BODY = 1 << 30
 STATUSES = [200, 201, 204, 400, 404, 409, 422, 429, 500, 502, 503, 504]
 TOKEN = st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_", min_size=1)
 VALUE = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40).map(str.strip)
@@ -115,7 +117,7 @@ class Scripted:
 async def _both(script: Scripted) -> tuple[object, object]:
     server = await asyncio.start_server(script.handle, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/verify"
-    ours = plain_http.Client()
+    ours = plain_http.Client(MAX_BODY)
     session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
     try:
         got = []

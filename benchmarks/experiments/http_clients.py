@@ -71,7 +71,7 @@ class Way:
         else:
             from nemo_gym_grpc.bridge.nemo_gym import plain_http
 
-            self.client = plain_http.Client()
+            self.client = plain_http.Client(1 << 30)
 
     async def post(self, url: str, timeout: float) -> tuple[int, bytes]:
         name = self.name

@@ -25,6 +25,7 @@ from google.rpc import code_pb2
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import plain_http, reports
 from nemo_gym_grpc.shared import reasons
+from nemo_gym_grpc.shared.contract import MiB
 
 log = logging.getLogger(__name__)
 # `plain_http.Response.kept` holds the failure report header under its lowercase name.
@@ -35,6 +36,8 @@ REQUEST_ID_HEADER = "X-Request-Id"
 
 # Longest X-Request-Id value sent, characters (uvicorn refuses very large header blocks).
 _MAX_REQUEST_ID_HEADER = 200
+# Largest reply body read from a NeMo Gym server by default, bytes (`--max-reply-mb`).
+DEFAULT_MAX_REPLY_BYTES = 64 * MiB
 
 
 def exact_timeout(seconds: float) -> aiohttp.ClientTimeout:
@@ -83,15 +86,26 @@ class Client:
             NeMo Gym sets a session cookie on every reply, and a shared jar would send one
             item's session with another's call). It also serves the bridge's GETs.
         builtin: carry POSTs to `http://` URLs over `plain_http` (False: aiohttp for all).
+        max_reply_bytes: most bytes of a reply body, as sent and as decompressed; a larger
+            reply is not read further and its item fails (`post`).
 
     Attributes:
         session: that session.
         plain: the `plain_http` client, None when not `builtin`.
+        max_reply_bytes: that limit.
     """
 
-    def __init__(self, session: aiohttp.ClientSession, *, builtin: bool = True) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        builtin: bool = True,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+    ) -> None:
         self.session = session
-        self.plain = plain_http.Client(keep=(reports.HEADER,)) if builtin else None
+        self.max_reply_bytes = max_reply_bytes
+        keep = (reports.HEADER,)
+        self.plain = plain_http.Client(max_reply_bytes, keep) if builtin else None
 
     async def aclose(self) -> None:
         """Close the `plain_http` connections (the session is its owner's to close)."""
@@ -129,8 +143,9 @@ async def post(
     Raises:
         errors.ItemError: DEADLINE_EXCEEDED / UPSTREAM_TIMEOUT when `timeout` passed,
             UNAVAILABLE / UPSTREAM_UNAVAILABLE for a transport failure (`Refused` when the
-            connection was refused: nothing was sent); its `latency_seconds` is the time
-            spent.
+            connection was refused: nothing was sent), FAILED_PRECONDITION /
+            UPSTREAM_REPLY_TOO_LARGE (not retried; the connection is closed) for a body over
+            `client.max_reply_bytes`; its `latency_seconds` is the time spent.
     """
     header = request_id_header(request_id)
     headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: header}
@@ -144,9 +159,11 @@ async def post(
             report = reports.bounded(got.kept.get(REPORT_HEADER_KEY))
             reply = Reply(got.status, got.body, got.set_cookies, time.monotonic() - started, report)
         else:
-            reply = await _aiohttp_post(client.session, url, body, headers, timeout, started)
+            reply = await _aiohttp_post(client, url, body, headers, timeout, started)
     except (asyncio.TimeoutError, TimeoutError):
         error = _timed_out(url, timeout, queued)
+    except plain_http.TooLarge as exc:
+        error = _too_large(url, client.max_reply_bytes, exc)
     except (aiohttp.ClientError, plain_http.ConnectFailed, plain_http.Dropped) as exc:
         error = _unreachable(url, exc)
     except plain_http.BadReply as exc:  # (aiohttp's own: a ClientResponseError, above)
@@ -159,20 +176,52 @@ async def post(
 
 
 async def _aiohttp_post(
-    session: aiohttp.ClientSession,
+    client: Client,
     url: str,
     body: bytes,
     headers: dict[str, str],
     timeout: float,
     started: float,
 ) -> Reply:
-    async with session.post(
+    async with client.session.post(
         url, data=body, headers=headers, timeout=exact_timeout(timeout), allow_redirects=False
     ) as reply:
-        raw = await reply.read()
+        raw = await _read_capped(reply, client.max_reply_bytes)
         seconds = time.monotonic() - started
         report = reports.bounded(reply.headers.get(reports.HEADER))
         return Reply(reply.status, raw, reply.headers.getall("Set-Cookie", []), seconds, report)
+
+
+async def _read_capped(reply: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body of `reply` (decompressed by aiohttp, in bounded pieces), at most `limit` bytes
+    by its Content-Length and by what was read.
+
+    Raises:
+        plain_http.TooLarge: over `limit`; the connection is closed.
+    """
+    size = reply.content_length
+    if size is not None and size > limit:
+        reply.close()
+        raise plain_http.TooLarge(f"Content-Length {size} is over {limit}")
+    pieces, size = [], 0
+    async for piece in reply.content.iter_any():
+        size += len(piece)
+        if size > limit:
+            reply.close()
+            raise plain_http.TooLarge(f"more than {limit} body bytes came (decompressed)")
+        pieces.append(piece)
+    return b"".join(pieces)
+
+
+def _too_large(url: str, limit: int, exc: plain_http.TooLarge) -> errors.ItemError:
+    return errors.ItemError(
+        code_pb2.FAILED_PRECONDITION,
+        reasons.UPSTREAM_REPLY_TOO_LARGE,
+        f"{url} replied with a body over the bridge's --max-reply-mb {limit / MiB:g} MiB "
+        f"({exc}); raise the limit if such replies are expected",
+        upstreamUrl=url,
+        limitBytes=str(limit),
+    )
 
 
 def _timed_out(url: str, timeout: float, queued: float) -> errors.ItemError:

@@ -2,21 +2,22 @@
 httptools (llhttp, the parser of aiohttp's C extension and of uvicorn); aiohttp stays for
 `https://` upstreams and every other call (probes, discovery, capabilities).
 
-Why it exists (issue 22, docs/performance.md): per request it spends a fraction of aiohttp's
-CPU, and a cancelled request is closed at once, which NeMo Gym 0.7 turns into a cancelled
-handler upstream. What it does, and nothing more: `POST` of a body of bytes with a fixed
-header set, one request at a time per connection (no pipelining), a keep-alive pool per
-host:port with no size limit (the bridge's slots bound the calls), Content-Length, chunked and
-close-delimited replies, gzip / deflate reply bodies (decoded as aiohttp does), 1xx replies
-skipped. No redirects, no
-cookie jar, no proxies, no TLS.
+Why it exists (docs/performance.md): per request it spends a fraction of aiohttp's CPU, and a
+cancelled request is closed at once, which NeMo Gym 0.7 turns into a cancelled handler
+upstream. What it does, and nothing more: `POST` of a body of bytes with a fixed header set,
+one request at a time per connection (no pipelining), a keep-alive pool per host:port with no
+size limit (the bridge's slots bound the calls), Content-Length, chunked and close-delimited
+replies, gzip / deflate bodies (decoded as aiohttp does), 1xx replies skipped, a cap on a
+body's bytes as sent and as decoded (`Client(max_body=)`). No redirects, no cookie jar, no
+proxies, no TLS.
 
 Errors say what reached the upstream: `ConnectFailed` (nothing was sent: refused or
-unreachable), `Dropped` (the request was written, at least in part,
-then the connection closed or broke before the whole reply came), `BadReply` (the reply is not
-HTTP/1.1 the parser accepts), `TimeoutError` (the request's whole time passed). A request whose
-task is cancelled, or that times out or fails, closes its connection; only a connection whose
-reply was read whole and that both sides keep alive goes back to the pool.
+unreachable), `Dropped` (the request was written, at least in part, then the connection closed
+or broke before the whole reply came), `BadReply` (the reply is not HTTP/1.1 the parser
+accepts; `TooLarge`: its body is over the cap), `TimeoutError` (the request's whole time
+passed). A request whose task is cancelled, or that times out or fails, closes its connection;
+only a connection whose reply was read whole and that both sides keep alive goes back to the
+pool.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ class Dropped(ConnectionError):
 class BadReply(ValueError):
     """The reply could not be read as HTTP/1.1 (llhttp refused it, or its head is over
     MAX_HEAD_BYTES, or its body does not decode): the request was sent."""
+
+
+class TooLarge(BadReply):
+    """The reply's body is over the client's `max_body` bytes, as sent (its Content-Length, or
+    the bytes read) or as decoded (gzip / deflate): reading stopped there, the connection is
+    closed. The message says which."""
 
 
 @dataclass(slots=True)
@@ -108,19 +115,22 @@ def _unsafe(text: str) -> bool:
 class _Connection(asyncio.Protocol):
     """One TCP connection and the reply being read on it (httptools' callbacks)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, keep: frozenset[bytes]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, keep: frozenset[bytes], max_body: int
+    ) -> None:
         self._loop = loop
         self._keep = keep
+        self._max_body = max_body
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[Response] | None = None
-        self.closed = False
-        self.idle_since = 0.0
+        self.closed, self.idle_since = False, 0.0
         self._reset()
 
     def _reset(self) -> None:
         self._status = 0
         self._body: list[bytes] = []
+        self._body_bytes = 0
         self._cookies: list[str] = []
         self._kept: dict[str, str] = {}
         self._framed = False  # Content-Length or chunked: the end is not the connection's
@@ -165,9 +175,11 @@ class _Connection(asyncio.Protocol):
         lowered = name.lower()
         if lowered == b"set-cookie":
             self._cookies.append(value.decode("latin-1"))
-        elif lowered == b"content-length" or (
-            lowered == b"transfer-encoding" and b"chunked" in value.lower()
-        ):
+        elif lowered == b"content-length":
+            self._framed = True
+            if value.isdigit() and int(value) > self._max_body:
+                self._fail(TooLarge(f"Content-Length {int(value)} is over {self._max_body}"))
+        elif lowered == b"transfer-encoding" and b"chunked" in value.lower():
             self._framed = True
         elif lowered == b"content-encoding":
             self._encoding = value.lower()
@@ -182,6 +194,10 @@ class _Connection(asyncio.Protocol):
         self._status = status
 
     def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self._max_body:
+            self._fail(TooLarge(f"more than {self._max_body} body bytes came"))
+            return
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -198,7 +214,10 @@ class _Connection(asyncio.Protocol):
         body = b"".join(self._body)
         if self._encoding:
             try:
-                body = _decoded(body, self._encoding)
+                body = _decoded(body, self._encoding, self._max_body)
+            except TooLarge as exc:
+                self._fail(exc)
+                return
             except (zlib.error, BadReply) as exc:
                 self._fail(BadReply(f"reply body does not decode as {self._encoding!r}: {exc}"))
                 return
@@ -229,14 +248,15 @@ class _Connection(asyncio.Protocol):
         self._fail(TimeoutError())
 
 
-def _decoded(body: bytes, encoding: bytes) -> bytes:
+def _decoded(body: bytes, encoding: bytes, limit: int) -> bytes:
     """A reply body decoded as aiohttp decodes it: gzip, deflate (zlib-wrapped, or raw when its
     first byte is no zlib header); an empty body or another encoding as it came, except the
     two aiohttp refuses without extra packages (br, zstd). A cut gzip body gives what it
-    holds; a cut deflate body is refused.
+    holds; a cut deflate body is refused. At most `limit` + 1 bytes are ever inflated.
 
     Raises:
-        zlib.error: the body does not decode; BadReply: br or zstd.
+        zlib.error: the body does not decode; BadReply: br or zstd; TooLarge: it decodes to
+            more than `limit` bytes.
     """
     if not body:
         return body
@@ -249,7 +269,10 @@ def _decoded(body: bytes, encoding: bytes) -> bytes:
     else:
         return body
     decoder = zlib.decompressobj(wbits)
-    out = decoder.decompress(body) + decoder.flush()
+    out = decoder.decompress(body, limit + 1)
+    if len(out) > limit or decoder.unconsumed_tail:
+        raise TooLarge(f"the {encoding.decode()} body inflates to more than {limit} bytes")
+    out += decoder.flush()
     if encoding == b"deflate" and not decoder.eof:
         raise zlib.error("the deflate stream is cut short")
     return out
@@ -258,15 +281,16 @@ def _decoded(body: bytes, encoding: bytes) -> bytes:
 class Client:
     """POSTs over kept-alive HTTP/1.1 connections, one pool per host:port (see the module).
 
+    Idle connections are closed after KEEPALIVE_TIMEOUT seconds.
+
     Args:
-        keepalive_timeout: seconds an idle connection is kept.
         keep: names of the reply headers (besides Set-Cookie) each `Response.kept` holds.
+        max_body: most bytes of a reply's body, as sent and as decoded (`TooLarge` beyond).
     """
 
-    def __init__(
-        self, keepalive_timeout: float = KEEPALIVE_TIMEOUT, keep: Iterable[str] = ()
-    ) -> None:
-        self._keepalive = keepalive_timeout
+    def __init__(self, max_body: int, keep: Iterable[str] = ()) -> None:
+        self._keepalive = KEEPALIVE_TIMEOUT
+        self._max_body = max_body
         self._keep = frozenset(name.lower().encode("latin-1") for name in keep)
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._busy: set[_Connection] = set()
@@ -325,7 +349,7 @@ class Client:
             self._sweeper = loop.call_later(self._keepalive, self._sweep, loop)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Close the connections idle for keepalive_timeout seconds (every so often)."""
+        """Close the connections idle for KEEPALIVE_TIMEOUT seconds (every so often)."""
         self._sweeper = None
         now = loop.time()
         for key, idle in list(self._idle.items()):
@@ -343,7 +367,7 @@ class Client:
     async def _connect(
         self, loop: asyncio.AbstractEventLoop, host: str, port: int, deadline: float
     ) -> _Connection:
-        connection = _Connection(loop, self._keep)
+        connection = _Connection(loop, self._keep, self._max_body)
         connecting = loop.create_connection(lambda: connection, host, port)
         try:
             if sys.version_info >= (3, 11):  # a timer, not wait_for's task per connection

@@ -14,12 +14,8 @@ import sys
 
 from pythonjsonlogger.json import JsonFormatter
 
-from nemo_gym_grpc.bridge.process.config import (
-    BridgeConfig,
-    check_exposure,
-    check_limits,
-    check_tls,
-)
+from nemo_gym_grpc.bridge.process.checks import check_exposure, check_limits, check_tls
+from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.bridge.process.workers import run_workers
 from nemo_gym_grpc.bridge.rpc.server import run
 from nemo_gym_grpc.shared.flags import (

@@ -1,5 +1,5 @@
-"""The bridge's settings: `BridgeConfig`, each field declared once with the flag(s) that set it,
-and the checks that refuse unsafe or contradictory settings before anything starts.
+"""The bridge's settings: `BridgeConfig`, each field declared once with the flag(s) that set it
+(`bridge.process.checks` refuses unsafe or contradictory ones).
 
 `nemo-gym-grpc serve` generates its flags from the fields (`BridgeConfig.flags`) and builds the
 config with `BridgeConfig.from_args`; Python code constructs `BridgeConfig(...)` directly with
@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
-import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
+from nemo_gym_grpc.bridge.nemo_gym.http import DEFAULT_MAX_REPLY_BYTES
 from nemo_gym_grpc.shared import contract
 from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES, RUN_TIMEOUT_ENV, TOKEN_ENV, MiB
 from nemo_gym_grpc.shared.flags import (
@@ -80,8 +79,8 @@ class BridgeConfig:
 
     Fields that hold a converted value: `servers` (and `agents`, `environment_servers`) is
     {server name: base URL, or a list of them (replicas)}; `retry` a `RetryPolicy`;
-    `max_item_bytes` and `max_message_bytes` are bytes (their flags take MiB); `token` is
-    the token itself (its flag names a file, its variable holds the token).
+    `max_item_bytes`, `max_message_bytes` and `max_reply_bytes` are bytes (their flags take
+    MiB); `token` is the token itself (its flag names a file, its variable holds the token).
     `reuse_port` has no flag.
     """
 
@@ -226,6 +225,15 @@ class BridgeConfig:
         metavar="MIB",
         convert=lambda mb: mb * MiB,
     )
+    max_reply_bytes: int = option(
+        "--max-reply-mb",
+        "largest NeMo Gym reply body in MiB, as sent and as decompressed; a larger one is not "
+        "read further and fails its item with FAILED_PRECONDITION / UPSTREAM_REPLY_TOO_LARGE",
+        type=positive_float,
+        default=DEFAULT_MAX_REPLY_BYTES / MiB,
+        metavar="MIB",
+        convert=lambda mb: int(mb * MiB),
+    )
     grace: float = option(
         "--grace",
         "seconds in-flight calls get to finish on SIGTERM/SIGINT",
@@ -315,85 +323,3 @@ class BridgeConfig:
                 given = (getattr(args, flag.dest) for flag in f.metadata["flags"])
                 values[f.name] = f.metadata["convert"](*given)
         return cls(**values)
-
-
-def is_loopback(listen: str) -> bool:
-    """True for unix: sockets and loopback hosts (127.0.0.0/8, ::1, localhost)."""
-    if listen.startswith("unix:"):
-        return True
-    host = listen.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_tls(config: BridgeConfig) -> None:
-    """Refuse TLS files that cannot serve: half a pair, a client CA without one, or files that
-    `ssl` (OpenSSL, as gRPC's) cannot load as a PEM chain with its key or as a CA bundle.
-
-    Raises:
-        ValueError: naming the flags (and what `ssl` said).
-    """
-    cert, key, ca = config.tls_cert, config.tls_key, config.tls_client_ca
-    if bool(cert) != bool(key):
-        raise ValueError("--tls-cert and --tls-key go together")
-    if ca and not cert:
-        raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    flags, what = f"--tls-cert {cert} / --tls-key {key}", "a PEM chain and its unencrypted key"
-    try:
-        if cert and key:
-            context.load_cert_chain(cert, key, password=b"")  # no prompt: gRPC takes none
-        flags, what = f"--tls-client-ca {ca}", "a PEM CA bundle"
-        if ca:
-            context.load_verify_locations(cafile=ca)
-    except (ssl.SSLError, ValueError) as exc:
-        raise ValueError(f"{flags}: not {what} ({exc})") from None
-
-
-def check_exposure(config: BridgeConfig) -> None:
-    """Refuse a non-loopback listen address with neither TLS nor a token, unless insecure.
-
-    Raises:
-        ValueError: naming the address and the flags that allow it.
-    """
-    if is_loopback(config.listen) or config.tls_cert or config.token or config.insecure:
-        return
-    raise ValueError(
-        f"refusing to listen on non-loopback {config.listen} without TLS or a token: "
-        f"set --tls-cert/--tls-key and/or --token-file (or {TOKEN_ENV}), or pass --insecure"
-    )
-
-
-def check_limits(config: BridgeConfig) -> None:
-    """Refuse limits that contradict each other.
-
-    Raises:
-        ValueError: a limit below 1, `max_batch_items` over `max_stream_items` (a message
-            is parsed whole, so a bigger one would break the bound on items held per stream),
-            or a name given both to `--agent` and `--environment-server`.
-    """
-    both = sorted(set(config.agents) & set(config.environment_servers))
-    if both:
-        raise ValueError(
-            f"{', '.join(both)}: given to both --agent and --environment-server; a name "
-            "routes to one protocol"
-        )
-    for flag, value in (
-        ("--max-stream-items", config.max_stream_items),
-        ("--max-batch-items", config.max_batch_items),
-        ("--max-in-flight", config.max_in_flight),
-        ("--max-streams", config.max_streams),
-        ("--agent-concurrency", config.agent_concurrency),
-    ):
-        if value is not None and value < 1:
-            raise ValueError(f"{flag} must be at least 1, got {value}")
-    if config.max_batch_items is not None and config.max_batch_items > config.max_stream_items:
-        raise ValueError(
-            f"--max-batch-items {config.max_batch_items} exceeds --max-stream-items "
-            f"{config.max_stream_items}: a message is parsed whole, so it may not hold more "
-            "items than a stream holds at once"
-        )

@@ -22,12 +22,8 @@ from nemo_gym_grpc.bridge.flows.upstreams import AGENTS, Upstreams
 from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.nemo_gym import http
 from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
-from nemo_gym_grpc.bridge.process.config import (
-    BridgeConfig,
-    check_exposure,
-    check_limits,
-    check_tls,
-)
+from nemo_gym_grpc.bridge.process.checks import check_exposure, check_limits, check_tls
+from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.bridge.process.metrics import Metrics, start_metrics_server
 from nemo_gym_grpc.bridge.rpc.health import NOT_SERVING, Readiness
 from nemo_gym_grpc.bridge.rpc.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
@@ -298,7 +294,8 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with _session() as session:
-        client = http.Client(session, builtin=config.upstream_client == "builtin")
+        builtin = config.upstream_client == "builtin"
+        client = http.Client(session, builtin=builtin, max_reply_bytes=config.max_reply_bytes)
         bridge = await build(config, client)
         await bridge.readiness.round()
         metrics_runner = None

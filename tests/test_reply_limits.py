@@ -1,0 +1,96 @@
+"""A NeMo Gym reply over `--max-reply-mb` (as sent, or as decompressed) fails its item alone,
+FAILED_PRECONDITION / UPSTREAM_REPLY_TOO_LARGE, without being read whole and without a retry,
+with either upstream HTTP client; a reply under the limit still scores.
+
+Through a real bridge process and real gRPC over loopback. The upstream is scripted
+(tests/support/fault_proxy.py with no upstream; a second proxy in front of it re-sends its
+replies chunked, without a Content-Length): no NeMo Gym server sends a reply of a chosen size
+or a gzip bomb on demand.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from google.rpc import code_pb2
+
+from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from tests.support.fault_proxy import Fault, FaultProxy
+from tests.support.items import error_info, scored
+
+MiB = 1024 * 1024
+ROW = json.dumps({"question": "2+2?", "expected_answer": "A"})
+
+
+def reply(size: int) -> bytes:
+    """A scoring /verify reply of `size` bytes (reward 1.0, padded)."""
+    head = b'{"reward": 1.0, "pad": "'
+    return head + b"x" * (size - len(head) - 2) + b'"}'
+
+
+def item(name: str, server: str = "scripted") -> verify_pb2.VerifyRequest:
+    return verify_pb2.VerifyRequest(
+        request_id=name, resources_server=server, completion=f"case-{name}", row_json=ROW
+    )
+
+
+@pytest.fixture
+def upstreams() -> Iterator[tuple[FaultProxy, FaultProxy]]:
+    """(scripted upstream, a proxy that re-sends its replies chunked)."""
+    with FaultProxy(None) as scripted, FaultProxy(scripted.url) as chunked:
+        gzipped = {"Content-Encoding": "gzip"}
+        scripted.set_faults(
+            Fault("status", match='"case-sized"', body=reply(2 * MiB)),
+            Fault(
+                "status", match='"case-bomb"', body=gzip.compress(reply(64 * MiB)), headers=gzipped
+            ),
+            Fault("status", match='"case-streamed"', body=reply(2 * MiB)),
+            Fault("status", match='"case-fits"', body=reply(MiB - 1024)),
+            Fault(
+                "status",
+                match='"case-fits_gzip"',
+                body=gzip.compress(reply(MiB - 1024)),
+                headers=gzipped,
+            ),
+        )
+        chunked.set_faults(Fault("chunked", pieces=64))
+        yield scripted, chunked
+
+
+@pytest.mark.parametrize("client", ["builtin", "aiohttp"])
+def test_a_reply_over_the_limit_fails_its_item_alone_and_is_not_retried(
+    start_bridge, upstreams, client
+):
+    scripted, chunked = upstreams
+    bridge = start_bridge(
+        "--server", f"scripted={scripted.url}",
+        "--server", f"chunked={chunked.url}",
+        "--max-reply-mb", "1",
+        "--upstream-client", client,
+    )  # fmt: skip
+    items = [
+        item("sized"),
+        item("bomb"),
+        item("streamed", "chunked"),
+        item("fits"),
+        item("fits_gzip"),
+    ]
+    with grpc.insecure_channel(bridge.target) as channel:
+        results = scored(verify_pb2_grpc.VerifyServiceStub(channel), items)
+    for name in ("sized", "bomb", "streamed"):
+        result, info = results[name], error_info(results[name])
+        assert (result.error.code, info.reason) == (
+            code_pb2.FAILED_PRECONDITION,
+            "UPSTREAM_REPLY_TOO_LARGE",
+        ), (name, result.error.message)
+        assert info.metadata["limitBytes"] == str(MiB)
+        assert "--max-reply-mb 1 MiB" in result.error.message
+        sent_to = chunked if name == "streamed" else scripted
+        assert sent_to.attempts[name] == 1, name  # not retried
+    assert "Content-Length 2097" in results["sized"].error.message
+    assert "Content-Length" not in results["streamed"].error.message  # read until over
+    assert [results[name].reward for name in ("fits", "fits_gzip")] == [1.0, 1.0]
