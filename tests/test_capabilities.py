@@ -151,6 +151,9 @@ def test_the_rollout_prefix_is_the_episode_capture_key_and_only_for_valid_ids():
     for bad in ("", ".x", "-x", "a/b", "a b", "é", "x-a1", "x-a12"):
         assert correlation.rollout_prefix(bad, 1) == ""
     assert correlation.rollout_prefix("x-a0", 1) == "/ng-rollout/x-a0"  # not the reserved form
+    longest = "x" * correlation.MAX_ROUTED_ID  # longer ids stay out of URLs (and their cache)
+    assert correlation.rollout_prefix(longest, 1) == f"/ng-rollout/{longest}"
+    assert correlation.rollout_prefix(longest + "x", 1) == ""
 
 
 async def test_a_typed_only_server_gets_typed_seed_and_close_under_the_rollout_prefix():

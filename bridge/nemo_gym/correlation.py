@@ -15,6 +15,10 @@ from typing import Any
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ATTEMPT_SUFFIX = re.compile(r"-a[1-9][0-9]*$")
 ROLLOUT_PREFIX = "/ng-rollout/"
+# Longest request_id put into a URL path, characters: NeMo Gym 0.7's uvicorn (httptools) took
+# a 65,000-character `/ng-rollout/<id>/verify` and refused 100,000 with HTTP 400 (measured);
+# far below both, the bridge's parsed-URL cache stays small (a few hundred KB).
+MAX_ROUTED_ID = 256
 
 
 def rollout_id_problem(rollout_id: str) -> str | None:
@@ -28,10 +32,11 @@ def rollout_id_problem(rollout_id: str) -> str | None:
 
 def rollout_prefix(request_id: str, attempt: int) -> str:
     """The `/ng-rollout/<id>` prefix for attempt `attempt` (1 = the first) of the item
-    `request_id`, or "" when the id cannot be a NeMo Gym rollout id. The id is the capture key
+    `request_id`, or "" when the id cannot be a NeMo Gym rollout id or is longer than
+    MAX_ROUTED_ID. The id is the capture key
     of `EpisodeId(request_id, attempt - 1)`: `request_id` itself for the first attempt,
     `request_id-a<N-1>` for attempt N >= 2."""
-    if rollout_id_problem(request_id) is not None:
+    if len(request_id) > MAX_ROUTED_ID or rollout_id_problem(request_id) is not None:
         return ""
     key = request_id if attempt <= 1 else f"{request_id}-a{attempt - 1}"
     return ROLLOUT_PREFIX + key
