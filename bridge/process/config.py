@@ -217,6 +217,14 @@ class BridgeConfig:
         default=256,
         metavar="N",
     )
+    max_health_watches: int = option(
+        "--max-health-watches",
+        "most concurrent health Watch calls (health is open without the token; each Watch "
+        "holds a waiter while it is open)",
+        type=positive_int,
+        default=1024,
+        metavar="N",
+    )
     max_message_bytes: int = option(
         "--max-message-mb",
         "gRPC message size limit in MiB, both directions",

@@ -1,6 +1,7 @@
 """Refusing whole calls so that the client sees the status it is refused with: bearer-token
-auth, the cap on concurrent VerifyStream and RunStream calls (grpc.aio server interceptors), and
-`refuse_stream`, which both use and so does VerifyStream itself.
+auth, the cap on concurrent VerifyStream and RunStream calls, the health service's budget
+(grpc.aio server interceptors), and `refuse_stream`, which the first two use and so does
+VerifyStream itself.
 
 A server that ends a client-streaming call before it has read the client's messages sends its
 status and then resets the stream. A grpc.aio client whose write is still in flight at that
@@ -26,13 +27,19 @@ DRAIN_SECONDS = 1.0  # a client that has not half-closed by then is refused whil
 _STREAMS = " and ".join(STREAM_METHODS.values())  # "VerifyStream and RunStream"
 
 DENIED = "missing or invalid bearer token"
-OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
+HEALTH_PREFIX = "/grpc.health.v1.Health/"
+OPEN_METHOD_PREFIXES = (HEALTH_PREFIX,)
+# Largest health request taken, bytes: a HealthCheckRequest holds one service name, and the
+# longest the bridge serves is "nemo_gym_grpc.v1.RolloutService/<agent name>".
+MAX_HEALTH_REQUEST_BYTES = 4096
 
 _Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 # What a grpc.aio stream-stream handler is (grpc's stubs type the sync form).
 _StreamBehaviour = Callable[
     [AsyncIterator[object], grpc.aio.ServicerContext], AsyncIterator[object]
 ]
+# A grpc.aio handler with one request (the health service's: Watch writes through its context).
+_UnaryBehaviour = Callable[[object, grpc.aio.ServicerContext], Awaitable[object]]
 
 
 async def _drain(requests: AsyncIterable[object]) -> None:
@@ -157,4 +164,71 @@ class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
             limited,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
+        )
+
+
+class _Oversized:
+    """A health request over MAX_HEALTH_REQUEST_BYTES, in place of its parsed message."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+class HealthBudgetInterceptor(grpc.aio.ServerInterceptor):
+    """Holds the health service (open without a token: `BearerTokenInterceptor`) to a small fixed
+    budget: a request over MAX_HEALTH_REQUEST_BYTES is INVALID_ARGUMENT before it is parsed, and
+    `Watch` calls beyond `max_watches` open ones get RESOURCE_EXHAUSTED (each holds its request
+    and a waiter for as long as the caller keeps it open).
+
+    Args:
+        max_watches: most concurrent `Watch` calls (`--max-health-watches`).
+
+    Attributes:
+        watching: `Watch` calls open now.
+    """
+
+    def __init__(self, max_watches: int) -> None:
+        self.max_watches = max_watches
+        self.watching = 0
+
+    async def intercept_service(
+        self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(HEALTH_PREFIX):
+            return handler
+        parse = cast(Callable[[bytes], object], handler.request_deserializer)
+
+        def capped(data: bytes) -> object:
+            return _Oversized(len(data)) if len(data) > MAX_HEALTH_REQUEST_BYTES else parse(data)
+
+        behaviour = cast(_UnaryBehaviour, handler.unary_stream or handler.unary_unary)
+        watch = handler.unary_stream is not None
+
+        async def budgeted(request: object, context: grpc.aio.ServicerContext) -> object:
+            if isinstance(request, _Oversized):
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"a health request of {request.size} bytes: at most "
+                    f"{MAX_HEALTH_REQUEST_BYTES} (one service name)",
+                )
+            if not watch:
+                return await behaviour(request, context)
+            if self.watching >= self.max_watches:
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"too many concurrent health Watch calls: the limit is {self.max_watches} "
+                    "(raise it with --max-health-watches)",
+                )
+            self.watching += 1
+            try:
+                return await behaviour(request, context)
+            finally:
+                self.watching -= 1
+
+        make = (
+            grpc.unary_stream_rpc_method_handler if watch else grpc.unary_unary_rpc_method_handler
+        )
+        return make(
+            budgeted, request_deserializer=capped, response_serializer=handler.response_serializer
         )

@@ -26,7 +26,11 @@ from nemo_gym_grpc.bridge.process.checks import check_exposure, check_limits, ch
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.bridge.process.metrics import Metrics, start_metrics_server
 from nemo_gym_grpc.bridge.rpc.health import NOT_SERVING, Readiness
-from nemo_gym_grpc.bridge.rpc.interceptors import BearerTokenInterceptor, StreamLimitInterceptor
+from nemo_gym_grpc.bridge.rpc.interceptors import (
+    BearerTokenInterceptor,
+    HealthBudgetInterceptor,
+    StreamLimitInterceptor,
+)
 from nemo_gym_grpc.bridge.rpc.rollout_service import RolloutService, add_rollout_service
 from nemo_gym_grpc.bridge.rpc.verify_service import VerifyService, add_verify_service
 from nemo_gym_grpc.shared.child import write_ready_file
@@ -102,7 +106,8 @@ class Bridge:
 
 async def build(config: BridgeConfig, client: http.Client) -> Bridge:
     """Wire a bridge for `config` on the running event loop: routing tables (resources
-    servers; agents and environment servers), interceptors (token auth, stream limit),
+    servers; agents and environment servers), interceptors (token auth, health budget, stream
+    limit),
     metrics, the verify and run flows, services (VerifyService, RolloutService, health,
     reflection) and the bound port. `config` is taken as checked (`check_tls`, `check_exposure`,
     `check_limits`); `client` carries every upstream call.
@@ -114,7 +119,8 @@ async def build(config: BridgeConfig, client: http.Client) -> Bridge:
     session = client.session
     upstreams, agents = _routing_tables(config, session)
     stream_limit = StreamLimitInterceptor(config.max_streams)
-    interceptors: list[grpc.aio.ServerInterceptor] = [stream_limit]
+    health_budget = HealthBudgetInterceptor(config.max_health_watches)
+    interceptors: list[grpc.aio.ServerInterceptor] = [health_budget, stream_limit]
     if config.token:
         interceptors.insert(0, BearerTokenInterceptor(config.token))
     server = grpc.aio.server(options=grpc_options(config), interceptors=interceptors)
