@@ -1,8 +1,9 @@
 """The stream machinery (`bridge.rpc.streams`) on its own, with scripted answers (fast tier):
 every item read gets exactly one result whatever order the answers finish in, results finishing
 while a message is being sent go out in the next one, at most `max_stream_items` items are
-held at once, a duplicate request_id is refused alone, and no response message is over the
-send limit (a result alone over it is its item's failure). The real services over real gRPC
+held at once, a duplicate request_id is refused alone, no response message is over the send
+limit (a result alone over it is its item's failure), and a stream over its bytes or the
+bridge over its budget reads no further message until results go out (every byte given back). The real services over real gRPC
 and NeMo Gym: test_bridge.py, test_faults*.py, test_run_service.py, test_message_limits.py."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from types import SimpleNamespace
 
 from google.rpc import code_pb2
 
-from nemo_gym_grpc.bridge.rpc import streams
+from nemo_gym_grpc.bridge.rpc import kinds, streams
+from nemo_gym_grpc.bridge.rpc.budget import Budget
 from nemo_gym_grpc.bridge.rpc.verify_service import VerifyService
 from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2
@@ -42,7 +44,7 @@ class Scripted:
 
 def kind(
     scripted: Scripted, max_stream_items: int = 4096, max_message_bytes: int = 64 << 20
-) -> streams.Kind:
+) -> kinds.Kind:
     """VerifyStream's kind (`VerifyService`), with the scripted answers in place of a
     Verifier's."""
     verifier = SimpleNamespace(
@@ -129,7 +131,7 @@ def sized(request_id: str, reply_bytes: int) -> verify_pb2.VerifyResponse:
 def test_results_that_finish_together_are_split_under_the_message_limit() -> None:
     limit = 10_000
     results = [sized(f"r{i}", 3_000) for i in range(7)] + [sized("huge", 20_000)]
-    messages = list(streams.fitted(kind(Scripted(0), max_message_bytes=limit), results))
+    messages = list(kinds.fitted(kind(Scripted(0), max_message_bytes=limit), results))
     assert all(m.ByteSize() <= limit for m in messages)
     got = [r for m in messages for r in m.results]
     assert [r.request_id for r in got] == [f"r{i}" for i in range(7)] + ["huge"]
@@ -141,7 +143,7 @@ def test_results_that_finish_together_are_split_under_the_message_limit() -> Non
 
 def test_results_that_fit_go_out_in_one_message() -> None:
     results = [sized(f"r{i}", 100) for i in range(64)]
-    (message,) = streams.fitted(kind(Scripted(0)), results)
+    (message,) = kinds.fitted(kind(Scripted(0)), results)
     assert [r.request_id for r in message.results] == [f"r{i}" for i in range(64)]
 
 
@@ -168,3 +170,75 @@ async def test_a_unary_result_over_the_message_limit_is_its_items_failure() -> N
     result = await streams.unary(small, item, context)  # type: ignore[arg-type]
     assert result.request_id == "u" and result.error.code == code_pb2.FAILED_PRECONDITION
     assert result.ByteSize() < 10_000
+
+
+def padded(ids: list[str], per_message: int) -> list[verify_pb2.VerifyStreamRequest]:
+    """Messages of `per_message` items of about 1,010 bytes each."""
+    items = [
+        verify_pb2.VerifyRequest(request_id=i, resources_server="s", row_json="x" * 1000)
+        for i in ids
+    ]
+    return [
+        verify_pb2.VerifyStreamRequest(items=items[k : k + per_message])
+        for k in range(0, len(items), per_message)
+    ]
+
+
+async def fed(
+    batches: list[verify_pb2.VerifyStreamRequest],
+) -> AsyncIterator[verify_pb2.VerifyStreamRequest]:
+    for batch in batches:
+        yield batch
+
+
+async def drain(stream: streams._Stream) -> list[str]:
+    return [r.request_id async for message in stream.results() for r in message.results]
+
+
+async def test_a_stream_over_its_bytes_reads_no_further_message_until_results_go_out() -> None:
+    async def answer(request, deadline):
+        return sized(request.request_id, 1_500)
+
+    limited = dataclasses.replace(kind(Scripted(0)), answer=answer, max_stream_bytes=5_000)
+    stream = streams._Stream(limited, None)
+    ids = [f"i{n}" for n in range(20)]
+    reader = asyncio.create_task(stream.read(fed(padded(ids, 2))))
+    await asyncio.sleep(0.2)  # nobody reads the results meanwhile
+    assert stream.accepted == 6  # 3 messages of 2 items (~2 KB each) reached 5 KB; then waits
+    assert sorted(await drain(stream)) == sorted(ids)
+    await reader
+    assert stream._held == 0 and limited.budget.held == 0  # every byte given back as sent
+
+
+async def test_the_bridge_budget_holds_every_stream_until_results_go_out() -> None:
+    async def answer(request, deadline):
+        return sized(request.request_id, 1_500)
+
+    shared = dataclasses.replace(kind(Scripted(0)), answer=answer, budget=Budget(5_000))
+    first, second = streams._Stream(shared, None), streams._Stream(shared, None)
+    reading = [
+        asyncio.create_task(first.read(fed(padded([f"a{n}" for n in range(20)], 2)))),
+        asyncio.create_task(second.read(fed(padded([f"b{n}" for n in range(4)], 2)))),
+    ]
+    await asyncio.sleep(0.2)
+    assert (first.accepted, second.accepted) == (6, 2)  # the second: one message, then waits
+    assert len(await drain(first)) == 20
+    assert len(await drain(second)) == 4
+    await asyncio.gather(*reading)
+    assert shared.budget.held == 0
+
+
+async def test_a_stream_that_ends_early_gives_its_bytes_back() -> None:
+    async def hang(request, deadline):
+        await asyncio.Event().wait()
+
+    hung = dataclasses.replace(kind(Scripted(0)), answer=hang, budget=Budget(1 << 30))
+    context = SimpleNamespace(time_remaining=lambda: None, peer=lambda: "ipv4:127.0.0.1:1")
+    call = streams.serve(hung, fed(padded(["a", "b", "c"], 3)), context)  # type: ignore[arg-type]
+    pending = asyncio.ensure_future(anext(call))
+    await asyncio.sleep(0.05)
+    assert hung.budget.held > 3_000  # three items of ~1 KB in flight
+    pending.cancel()  # the call ends (e.g. its client went away)
+    await asyncio.gather(pending, return_exceptions=True)
+    await call.aclose()
+    assert hung.budget.held == 0

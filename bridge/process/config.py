@@ -79,8 +79,9 @@ class BridgeConfig:
 
     Fields that hold a converted value: `servers` (and `agents`, `environment_servers`) is
     {server name: base URL, or a list of them (replicas)}; `retry` a `RetryPolicy`;
-    `max_item_bytes`, `max_message_bytes` and `max_reply_bytes` are bytes (their flags take
-    MiB); `token` is the token itself (its flag names a file, its variable holds the token).
+    `max_item_bytes`, `max_message_bytes`, `max_reply_bytes`, `max_stream_bytes` and
+    `max_held_bytes` are bytes (their flags take MiB); `token` is the token itself (its flag
+    names a file, its variable holds the token).
     `reuse_port` has no flag.
     """
 
@@ -216,6 +217,24 @@ class BridgeConfig:
         type=positive_int,
         default=256,
         metavar="N",
+    )
+    max_stream_bytes: int = option(
+        "--max-stream-mb",
+        "MiB of items and unsent results past which one VerifyStream or RunStream reads no "
+        "further message until results go out (the sender waits: gRPC flow control)",
+        type=positive_float,
+        default=512.0,
+        metavar="MIB",
+        convert=lambda mb: int(mb * MiB),
+    )
+    max_held_bytes: int = option(
+        "--max-held-mb",
+        "MiB of items and unsent results of all streams together past which no stream reads "
+        "a further message until results go out",
+        type=positive_float,
+        default=4096.0,
+        metavar="MIB",
+        convert=lambda mb: int(mb * MiB),
     )
     max_health_watches: int = option(
         "--max-health-watches",

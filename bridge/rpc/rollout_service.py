@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
 
 import grpc
 
 from nemo_gym_grpc.bridge.flows.run import Runner
-from nemo_gym_grpc.bridge.rpc import streams
+from nemo_gym_grpc.bridge.rpc import kinds, streams
 from nemo_gym_grpc.bridge.rpc.handlers import add_service
 from nemo_gym_grpc.bridge.rpc.listing import rediscover
-from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES, ROLLOUT_SERVICE
+from nemo_gym_grpc.shared.contract import ROLLOUT_SERVICE
 from nemo_gym_grpc.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -24,20 +25,13 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
 
     Args:
         runner: runs single rollouts.
-        max_stream_items, max_batch_items: the RunStream limits, and its largest
-            response message (`streams.Kind`).
+        limits: the RunStream limits of `kinds.Kind` (`max_stream_items` and `max_batch_items`
+            required; `max_message_bytes`, `max_stream_bytes`, `budget`).
     """
 
-    def __init__(
-        self,
-        runner: Runner,
-        *,
-        max_stream_items: int,
-        max_batch_items: int,
-        max_message_bytes: int = MAX_MESSAGE_BYTES,
-    ) -> None:
+    def __init__(self, runner: Runner, **limits: Any) -> None:
         self._runner = runner
-        self._kind: streams.Kind[rollout_pb2.RunRequest, rollout_pb2.RunResponse] = streams.Kind(
+        self._kind: kinds.Kind[rollout_pb2.RunRequest, rollout_pb2.RunResponse] = kinds.Kind(
             answer=runner.run,
             refused=runner.failed,
             response=rollout_pb2.RunStreamResponse,
@@ -45,10 +39,8 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             rpc="RunStream",
             event="run_stream_end",
             answered="run",
-            max_stream_items=max_stream_items,
-            max_batch_items=max_batch_items,
             log=log,
-            max_message_bytes=max_message_bytes,
+            **limits,
         )
 
     async def Run(

@@ -25,6 +25,7 @@ from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
 from nemo_gym_grpc.bridge.process.checks import check_exposure, check_limits, check_tls
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.bridge.process.metrics import Metrics, start_metrics_server
+from nemo_gym_grpc.bridge.rpc.budget import Budget
 from nemo_gym_grpc.bridge.rpc.health import NOT_SERVING, Readiness
 from nemo_gym_grpc.bridge.rpc.interceptors import (
     BearerTokenInterceptor,
@@ -132,6 +133,8 @@ async def build(config: BridgeConfig, client: http.Client) -> Bridge:
         "max_stream_items": config.max_stream_items,
         "max_batch_items": config.max_batch_items or config.max_stream_items,
         "max_message_bytes": config.max_message_bytes,
+        "max_stream_bytes": config.max_stream_bytes,
+        "budget": Budget(config.max_held_bytes),
     }
     add_verify_service(VerifyService(verifier, **limits), server)
     add_rollout_service(RolloutService(runner, **limits), server)

@@ -3,7 +3,7 @@ each item answered by its own task, results out in completion order, batched as 
 and of the unary call of the same family (Verify, Run).
 
 `serve` is the whole body of a stream handler, `unary` that of a unary one; a service passes
-what differs between families (`Kind`): how one item is answered, how a refused duplicate is
+what differs between families (`kinds.Kind`): how one item is answered, how a refused duplicate is
 answered, the response message type, the stream's limits and the names used in messages and
 logs. A unary request is parsed by `lenient`: one that breaks proto3's rules (e.g. invalid
 UTF-8 in a string field) gets INVALID_ARGUMENT instead of gRPC's own UNKNOWN.
@@ -11,74 +11,30 @@ UTF-8 in a string field) gets INVALID_ARGUMENT instead of gRPC's own UNKNOWN.
 Semantics (verify.proto's VerifyStream, rollout.proto's RunStream): every item read gets
 exactly one result; `request_id`s must be unique among the items in flight (a duplicate gets
 INVALID_ARGUMENT alone); half-close finishes the items in flight and ends the call with OK; at
-most `max_stream_items` items are held at once (in flight or with a result not yet sent) and a
-client that sends faster waits, because the reader stops reading and gRPC flow control slows
-it; a message with more than `max_batch_items` items, or one that cannot be parsed, ends the
-call (RESOURCE_EXHAUSTED / INVALID_ARGUMENT) once the items read before it are answered. When
-the call ends for any other reason (cancelled, deadline, shutdown) every item's task is
-cancelled and awaited, so no item's upstream call outlives its stream.
+most `max_stream_items` items are held at once (in flight or with a result not yet sent), and
+no further message is read while the stream holds `max_stream_bytes` or the bridge its
+`budget` (items and unsent results, serialized: `budget.py`); a client that sends faster
+waits, because the reader stops reading and gRPC flow control slows it; a message with more
+than `max_batch_items` items, or one that cannot be parsed, ends the call (RESOURCE_EXHAUSTED /
+INVALID_ARGUMENT) once the items read before it are answered. When the call ends for any other
+reason (cancelled, deadline, shutdown) every item's task is cancelled and awaited, so no item's
+upstream call outlives its stream.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
 
 import grpc
-from google.protobuf.message import DecodeError, Message
-from google.rpc import code_pb2
+from google.protobuf.message import DecodeError
 
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.rpc.interceptors import refuse_stream
-from nemo_gym_grpc.shared import reasons
-from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES
-
-# An item (VerifyRequest, RunRequest) and its result (VerifyResponse, RunResponse): messages
-# with a `request_id`, the result with an `error` oneof member.
-Item = TypeVar("Item", bound=Message)
-Result = TypeVar("Result", bound=Message)
-
-
-@dataclass(frozen=True)
-class Kind(Generic[Item, Result]):
-    """What one kind of stream does with its items.
-
-    Attributes:
-        answer: (item, deadline) -> its result; must answer every item (never raise but for
-            cancellation). `deadline` is the call's, `time.monotonic()` seconds, or None.
-        refused: (item, error) -> the result of an item refused without running.
-        response: the stream response message class, built as `response(results=[...])`.
-        request_name: the request message's name, for messages ("VerifyStreamRequest").
-        rpc: the RPC's name, for logs ("VerifyStream").
-        event: the `event` of the log record written when a stream ends.
-        answered: what "run" means for the items, for messages ("scored", "run").
-        max_stream_items: most items one stream holds at once (in flight or with a result
-            not yet sent). A client that sends faster waits: the reader stops reading, so
-            gRPC flow control slows the sender and memory stays bounded.
-        max_batch_items: most items in one stream request message; a bigger message ends
-            the stream with RESOURCE_EXHAUSTED naming `--max-batch-items` (the items read
-            before it are answered first).
-        log: where the end of each stream is logged.
-        max_message_bytes: most bytes of one response message (`--max-message-mb`, gRPC's send
-            limit): the results that finish together go out in as many messages as that takes,
-            and a result that alone is larger is replaced by its failure (`fitted`).
-    """
-
-    answer: Callable[[Item, float | None], Awaitable[Result]]
-    refused: Callable[[Item, errors.ItemError], Result]
-    response: Callable[..., Any]
-    request_name: str
-    rpc: str
-    event: str
-    answered: str
-    max_stream_items: int
-    max_batch_items: int
-    log: logging.Logger
-    max_message_bytes: int = MAX_MESSAGE_BYTES
+from nemo_gym_grpc.bridge.rpc.kinds import Item, Kind, Result, fitted, too_large
 
 
 @dataclass(frozen=True)
@@ -155,6 +111,7 @@ async def serve(
         # Wait for the cancelled items to close their upstream requests (each ends at its
         # next await); shielded so that a second cancellation cannot cut the wait short.
         await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+        stream.give_back()
         seconds = time.monotonic() - started_at
         kind.log.info(
             "%s ended: %d of %d results sent (%d failed) in %.3f s",
@@ -217,6 +174,10 @@ class _Stream(Generic[Item, Result]):
         # waits on `_room_freed` when it is 0.
         self._room = kind.max_stream_items
         self._room_freed: asyncio.Future[None] | None = None
+        # Serialized bytes of the items read and the results not yet sent (`budget.py`);
+        # `_ready_bytes`: those of `_ready`.
+        self._held = 0
+        self._ready_bytes = 0
         self._in_flight_ids: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.accepted = 0
@@ -261,9 +222,12 @@ class _Stream(Generic[Item, Result]):
                         continue
                     if request.request_id:
                         self._in_flight_ids.add(request.request_id)
-                    task = asyncio.create_task(self._answer(request))
+                    size = request.ByteSize()
+                    self._take(size)
+                    task = asyncio.create_task(self._answer(request, size))
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
+                await self._bytes_room()
         finally:
             self._input_ended = True
             self._notify()
@@ -276,8 +240,28 @@ class _Stream(Generic[Item, Result]):
             f"rest of the stream were not {self._kind.answered}",
         )
 
-    async def _answer(self, request: Any) -> None:
+    async def _bytes_room(self) -> None:
+        """Return once the stream and the bridge hold few enough bytes to read a message."""
+        while self._held >= self._kind.max_stream_bytes:
+            self._room_freed = asyncio.get_running_loop().create_future()
+            await self._room_freed
+        await self._kind.budget.room()
+
+    def _take(self, size: int) -> None:
+        self._held += size
+        self._kind.budget.take(size)
+
+    def give_back(self, size: int | None = None) -> None:
+        """Count `size` bytes (None: all the stream holds) no longer held."""
+        size = self._held if size is None else size
+        self._held -= size
+        self._kind.budget.give(size)
+
+    async def _answer(self, request: Any, size: int) -> None:
         result = await self._kind.answer(request, self._deadline)  # answers every item
+        result_size = result.ByteSize()
+        self._take(result_size - size)
+        self._ready_bytes += result_size
         self._ready.append(result)  # (`_ready` is read after the await: `results` swaps it)
         self._notify()
 
@@ -300,6 +284,7 @@ class _Stream(Generic[Item, Result]):
                 self._wake = None
                 continue
             freed, self._ready = self._ready, []
+            freed_bytes, self._ready_bytes = self._ready_bytes, 0
             results = self._kept + freed if self._kept else freed
             self._kept = []
             for result in freed:
@@ -312,53 +297,9 @@ class _Stream(Generic[Item, Result]):
                 # counted once gRPC took it (it asks for the next message after the write)
                 self.failed += sum(result.HasField("error") for result in message.results)
                 self.sent += len(message.results)
-
-
-# Bytes a result adds to a response message beyond its own: its field tag and length prefix.
-_FIELD_BYTES = 6
-
-
-def fitted(kind: Kind[Item, Result], results: list[Result]) -> Iterator[Any]:
-    """The response messages of `results`, each at most `kind.max_message_bytes` (gRPC's send
-    limit: a larger message would end the whole stream RESOURCE_EXHAUSTED and lose every
-    result in it); in one message when they fit, as they usually do. A result that alone is
-    over the limit is replaced by its failure (`too_large`)."""
-    message = kind.response(results=results)
-    limit = kind.max_message_bytes
-    if message.ByteSize() <= limit:
-        yield message
-        return
-    chunk: list[Result] = []
-    size = 0
-    for result in results:
-        own = result.ByteSize()
-        if own + _FIELD_BYTES > limit:
-            result = too_large(result, own, kind)
-            own = result.ByteSize()
-        if chunk and size + own + _FIELD_BYTES > limit:
-            yield kind.response(results=chunk)
-            chunk, size = [], 0
-        chunk.append(result)
-        size += own + _FIELD_BYTES
-    if chunk:
-        yield kind.response(results=chunk)
-
-
-def too_large(result: Result, size: int, kind: Kind[Item, Result]) -> Result:
-    """The failure that replaces `result` (of `size` bytes) when it cannot fit one message:
-    FAILED_PRECONDITION / RESULT_TOO_LARGE (not retryable), its latency kept."""
-    request_id: str = getattr(result, "request_id")  # noqa: B009
-    error = errors.ItemError(
-        code_pb2.FAILED_PRECONDITION,
-        reasons.RESULT_TOO_LARGE,
-        f"the result is {size} bytes, over the {kind.max_message_bytes}-byte message limit "
-        "(--max-message-mb): ask without include_reply, or raise the limit on both ends",
-        resultBytes=size,
-        maxMessageBytes=kind.max_message_bytes,
-    )
-    error.latency_seconds = getattr(result, "latency_seconds")  # noqa: B009
-    kind.log.warning("request_id=%r: %s", request_id[:100], error.message)
-    return error.result(type(result), request_id)
+            self.give_back(freed_bytes)
+            if self._room_freed is not None and not self._room_freed.done():
+                self._room_freed.set_result(None)
 
 
 def _duplicate(request_id: str) -> errors.ItemError:

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
 
 import grpc
 
 from nemo_gym_grpc.bridge.flows.verify import Verifier
-from nemo_gym_grpc.bridge.rpc import streams
+from nemo_gym_grpc.bridge.rpc import kinds, streams
 from nemo_gym_grpc.bridge.rpc.handlers import add_service
 from nemo_gym_grpc.bridge.rpc.listing import rediscover
-from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES, VERIFY_SERVICE
+from nemo_gym_grpc.shared.contract import VERIFY_SERVICE
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -24,33 +25,22 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
 
     Args:
         verifier: scores single items.
-        max_stream_items, max_batch_items: the VerifyStream limits, and its largest
-            response message (`streams.Kind`).
+        limits: the VerifyStream limits of `kinds.Kind` (`max_stream_items` and `max_batch_items`
+            required; `max_message_bytes`, `max_stream_bytes`, `budget`).
     """
 
-    def __init__(
-        self,
-        verifier: Verifier,
-        *,
-        max_stream_items: int,
-        max_batch_items: int,
-        max_message_bytes: int = MAX_MESSAGE_BYTES,
-    ) -> None:
+    def __init__(self, verifier: Verifier, **limits: Any) -> None:
         self._verifier = verifier
-        self._kind: streams.Kind[verify_pb2.VerifyRequest, verify_pb2.VerifyResponse] = (
-            streams.Kind(
-                answer=verifier.verify,
-                refused=verifier.failed,
-                response=verify_pb2.VerifyStreamResponse,
-                request_name="VerifyStreamRequest",
-                rpc="VerifyStream",
-                event="verify_stream_end",
-                answered="scored",
-                max_stream_items=max_stream_items,
-                max_batch_items=max_batch_items,
-                log=log,
-                max_message_bytes=max_message_bytes,
-            )
+        self._kind: kinds.Kind[verify_pb2.VerifyRequest, verify_pb2.VerifyResponse] = kinds.Kind(
+            answer=verifier.verify,
+            refused=verifier.failed,
+            response=verify_pb2.VerifyStreamResponse,
+            request_name="VerifyStreamRequest",
+            rpc="VerifyStream",
+            event="verify_stream_end",
+            answered="scored",
+            log=log,
+            **limits,
         )
 
     async def Verify(
