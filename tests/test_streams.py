@@ -1,10 +1,11 @@
-"""The stream machinery (`bridge.rpc.streams`) on its own, with scripted answers (fast tier):
-every item read gets exactly one result whatever order the answers finish in, results finishing
-while a message is being sent go out in the next one, at most `max_stream_items` items are
-held at once, a duplicate request_id is refused alone, no response message is over the send
-limit (a result alone over it is its item's failure), and a stream over its bytes or the
-bridge over its budget reads no further message until results go out (every byte given back). The real services over real gRPC
-and NeMo Gym: test_bridge.py, test_faults*.py, test_run_service.py, test_message_limits.py."""
+"""The stream machinery (`bridge.rpc.streams`) on its own, with scripted answers (fast tier): every
+item read gets exactly one result whatever order the answers finish in, results finishing while
+a message is being sent go out in the next one, at most `max_stream_items` items are held at
+once, a duplicate request_id is refused alone, no response message is over the send limit (a
+result alone over it is its item's failure), and a stream over its bytes or the bridge over its
+budget reads no further message until results go out (every byte given back). The real services
+over real gRPC and NeMo Gym: test_bridge.py, test_faults*.py, test_run_service.py,
+test_message_limits.py."""
 
 from __future__ import annotations
 
@@ -197,14 +198,15 @@ async def drain(stream: streams._Stream) -> list[str]:
 
 async def test_a_stream_over_its_bytes_reads_no_further_message_until_results_go_out() -> None:
     async def answer(request, deadline):
-        return sized(request.request_id, 1_500)
+        return sized(request.request_id, 2_000)
 
-    limited = dataclasses.replace(kind(Scripted(0)), answer=answer, max_stream_bytes=5_000)
+    limited = dataclasses.replace(kind(Scripted(0)), answer=answer, max_stream_bytes=9_000)
     stream = streams._Stream(limited, None)
     ids = [f"i{n}" for n in range(20)]
     reader = asyncio.create_task(stream.read(fed(padded(ids, 2))))
     await asyncio.sleep(0.2)  # nobody reads the results meanwhile
-    assert stream.accepted == 6  # 3 messages of 2 items (~2 KB each) reached 5 KB; then waits
+    # 3 messages of 2 items (~1 KB each, counted twice in flight) reached 9 KB; then it waits
+    assert stream.accepted == 6
     assert sorted(await drain(stream)) == sorted(ids)
     await reader
     assert stream._held == 0 and limited.budget.held == 0  # every byte given back as sent
@@ -212,9 +214,9 @@ async def test_a_stream_over_its_bytes_reads_no_further_message_until_results_go
 
 async def test_the_bridge_budget_holds_every_stream_until_results_go_out() -> None:
     async def answer(request, deadline):
-        return sized(request.request_id, 1_500)
+        return sized(request.request_id, 2_000)
 
-    shared = dataclasses.replace(kind(Scripted(0)), answer=answer, budget=Budget(5_000))
+    shared = dataclasses.replace(kind(Scripted(0)), answer=answer, budget=Budget(9_000))
     first, second = streams._Stream(shared, None), streams._Stream(shared, None)
     reading = [
         asyncio.create_task(first.read(fed(padded([f"a{n}" for n in range(20)], 2)))),

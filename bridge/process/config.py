@@ -223,7 +223,7 @@ class BridgeConfig:
         "MiB of items and unsent results past which one VerifyStream or RunStream reads no "
         "further message until results go out (the sender waits: gRPC flow control)",
         type=positive_float,
-        default=512.0,
+        default=256.0,
         metavar="MIB",
         convert=lambda mb: int(mb * MiB),
     )

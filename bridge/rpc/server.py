@@ -22,6 +22,7 @@ from nemo_gym_grpc.bridge.flows.upstreams import AGENTS, Upstreams
 from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.nemo_gym import http
 from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
+from nemo_gym_grpc.bridge.process.allocator import return_large_frees
 from nemo_gym_grpc.bridge.process.checks import check_exposure, check_limits, check_tls
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.bridge.process.metrics import Metrics, start_metrics_server
@@ -345,7 +346,9 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
 def run(config: BridgeConfig) -> None:
     """Run `serve(config)` to completion on a new event loop: uvloop's where it is installed
     (measured here: fewer CPU microseconds per item than asyncio's default loop), else
-    asyncio's. Raises what `serve` raises."""
+    asyncio's, with large freed blocks returned to the system (`allocator`). Raises what
+    `serve` raises."""
+    return_large_frees()
     try:
         import uvloop
     except ImportError:

@@ -36,6 +36,10 @@ from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.rpc.interceptors import refuse_stream
 from nemo_gym_grpc.bridge.rpc.kinds import Item, Kind, Result, fitted, too_large
 
+# An item in flight counts this many times its serialized size against the byte limits: its
+# message, and the upstream body built from it (about as large: the row and the response).
+IN_FLIGHT_COPIES = 2
+
 
 @dataclass(frozen=True)
 class Unparsable:
@@ -222,7 +226,7 @@ class _Stream(Generic[Item, Result]):
                         continue
                     if request.request_id:
                         self._in_flight_ids.add(request.request_id)
-                    size = request.ByteSize()
+                    size = IN_FLIGHT_COPIES * request.ByteSize()
                     self._take(size)
                     task = asyncio.create_task(self._answer(request, size))
                     self.tasks.add(task)
