@@ -268,6 +268,22 @@ class BridgeConfig:
         default=10.0,
         metavar="SECONDS",
     )
+    handshake_timeout: float = option(
+        "--handshake-timeout",
+        "seconds a client connection gets to finish its TLS and HTTP/2 handshake before it "
+        "is closed (gRPC's own default: 120)",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+    )
+    max_connections: int = option(
+        "--max-connections",
+        "most client connections open at once, handshaking or not; one more is closed as it "
+        "comes (each holds a file descriptor: keep it under the process's limit)",
+        type=positive_int,
+        default=1024,
+        metavar="N",
+    )
     max_connection_age: float = option(
         "--max-connection-age",
         "seconds before a client connection is asked to reconnect, so long-lived clients "

@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 
 def grpc_options(config: BridgeConfig) -> list[tuple[str, int]]:
-    """grpc.aio server options: message limits, keepalive, connection age, no port sharing."""
+    """grpc.aio server options: message limits, keepalive, connection age and count, handshake
+    time, no port sharing."""
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
@@ -52,6 +53,8 @@ def grpc_options(config: BridgeConfig) -> list[tuple[str, int]]:
         ("grpc.keepalive_time_ms", 60_000),
         ("grpc.keepalive_timeout_ms", 20_000),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.server_handshake_timeout_ms", int(config.handshake_timeout * 1000)),
+        ("grpc.max_allowed_incoming_connections", config.max_connections),
     ]
     if config.max_connection_age > 0:
         options += [
