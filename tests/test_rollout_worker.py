@@ -1,11 +1,13 @@
 """The AsyncGRPOTrainer rollout worker (`create_nemo_gym_rollout_worker`) against a real bridge
 process without NeMo Gym (its agent is a closed port): failed rollouts are left out and their
 groups dropped and counted, never a sample; a refused token stops the worker and check_health
-says why; no bridge at all makes check_health raise past the bound; the settings are checked.
-The worker on the real agent stack: tests/test_trl_async.py."""
+says why; stop() counts the rollouts it cancels (a scripted agent that never answers); no bridge
+at all makes check_health raise past the bound; the settings are checked. The worker on the real
+agent stack: tests/test_trl_async.py."""
 
 from __future__ import annotations
 
+import tempfile
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ pytest.importorskip("numpy")  # the worker's (TRL installs it)
 
 from nemo_gym_grpc.rewards import create_nemo_gym_rollout_worker
 from tests.support import BridgeProcess, closed_port, start_bridge
+from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.waiting import wait_until
 
 WAIT = 60.0  # s, bound of every wait for a condition below
@@ -59,7 +62,8 @@ def test_failed_rollouts_are_left_out_and_their_groups_dropped_and_counted(bridg
     counts = worker.counts
     assert worker.rollout_buffer.empty() and counts["samples"] == 0
     assert counts["failed_rollouts"] == counts["rollouts"] == 2 * counts["groups"]
-    assert counts["dropped_groups"] == counts["groups"]
+    # every group closed was dropped, and so was every group the stop cut
+    assert counts["dropped_groups"] == counts["groups"] + counts["unfinished_groups"]
     assert counts["failures/UPSTREAM_UNAVAILABLE"] == counts["failed_rollouts"]  # by cause
     pushed = []
     while not worker.metrics_queue.empty():
@@ -78,6 +82,31 @@ def test_a_refused_token_stops_the_worker_and_check_health_says_why(bridge, monk
     with pytest.raises(RuntimeError, match="has failed") as failed:
         worker.check_health(WAIT)
     assert "UNAUTHENTICATED" in str(failed.value.__cause__)
+
+
+def test_stop_counts_the_rollouts_it_cancels_and_the_groups_it_cuts(monkeypatch):
+    """An agent that never answers (a scripted one: `hang`) holds 4 rollouts of 2 groups until
+    stop(), which counts them as cancelled and their groups as unfinished and dropped."""
+    monkeypatch.setenv("NEMO_GYM_GRPC_TOKEN", TOKEN)
+    token = Path(tempfile.mkdtemp(prefix="worker_token_")) / "token"
+    token.write_text(TOKEN)
+    with FaultProxy(None) as agent:
+        agent.set_faults(Fault("hang"))
+        with start_bridge("--agent", f"hung={agent.url}", "--token-file", str(token)) as bridge:
+            worker = create_nemo_gym_rollout_worker(ROWS, args(), "hung", target=bridge.target)
+            worker.start()
+            try:
+                wait_until(lambda: agent.in_flight == 4, WAIT, "4 rollouts held by the agent")
+            finally:
+                worker.stop()
+            wait_until(lambda: agent.in_flight == 0, WAIT, "the agent's requests closed")
+    counts = worker.counts
+    assert (counts["cancelled_rollouts"], counts["unfinished_groups"]) == (4, 2)
+    assert counts["dropped_groups"] == 2 and counts["groups"] == 0
+    pushed = []
+    while not worker.metrics_queue.empty():
+        pushed.append(worker.metrics_queue.get_nowait())
+    assert pushed[-1]["nemo_gym/cancelled_rollouts_total"] == 4.0
 
 
 def test_check_health_raises_when_no_bridge_answers():

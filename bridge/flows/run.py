@@ -22,7 +22,9 @@ cancelled request: NeMo Gym 0.7 cancels the rollout's handler) and the agent's s
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
 
 from google.rpc import code_pb2
 
@@ -39,6 +41,7 @@ from nemo_gym_grpc.bridge.nemo_gym.run import RUN_PATH, Ran, read_rollout
 from nemo_gym_grpc.bridge.nemo_gym.scores import parse_reply
 from nemo_gym_grpc.bridge.process.metrics import UNKNOWN_SERVER, Metrics
 from nemo_gym_grpc.shared import reasons
+from nemo_gym_grpc.shared.stragglers import Stragglers
 from nemo_gym_grpc.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,7 @@ class Runner:
 
     Attributes:
         balancer: the replicas called so far and their load (least in-flight first).
+        stragglers: the durations of finished rollouts per agent, for `check_stragglers`.
     """
 
     def __init__(
@@ -85,10 +89,22 @@ class Runner:
         # The per-name bound is the binding one; replicas get as many slots, never fewer.
         self.balancer = Balancer(concurrency)
         self._slots: dict[str, Slots] = {}
+        # The rollouts holding a slot: (agent, request_id for logs, monotonic start).
+        self._running: dict[int, tuple[str, str, float]] = {}
+        self._tokens = itertools.count()
+        self.stragglers = Stragglers(log, "RunStream")
+        self._straggling: dict[str, int] = {}
 
-    def load(self) -> dict[str, tuple[int, int]]:
-        """{agent name: (rollouts in flight, rollouts waiting for a slot)} (for metrics)."""
-        return {name: (s.in_flight, s.waiting) for name, s in self._slots.items()}
+    def load(self) -> dict[str, tuple[int, int, int]]:
+        """{agent name: (rollouts in flight, waiting for a slot, straggling as of the last
+        `check_stragglers`)} (for metrics)."""
+        straggling = self._straggling
+        return {n: (s.in_flight, s.waiting, straggling.get(n, 0)) for n, s in self._slots.items()}
+
+    def check_stragglers(self) -> None:
+        """Count (and log, rate-limited) the rollouts running far longer than their agent's
+        others (`shared.stragglers`); nothing is cut for it."""
+        self._straggling = self.stragglers.check(self._running.values())
 
     async def run(
         self, request: rollout_pb2.RunRequest, deadline: float | None
@@ -107,6 +123,7 @@ class Runner:
             ran, seconds = await self._run(request, deadline)
         except Exception as exc:  # every rollout gets its outcome, a bridge bug's included
             return self.failed(request, errors.as_item_error(exc, request.request_id))
+        self.stragglers.finished(request.agent, seconds)
         self.metrics.rollout(request.agent, "OK", "")
         return _response(request.request_id, ran, seconds)
 
@@ -133,21 +150,26 @@ class Runner:
             slots = self._slots[name] = Slots(self._concurrency)
         try:
             async with slots.use(attempts.slot_wait(deadline)) as queued:
+                token = next(self._tokens)
+                self._running[token] = (name, request.request_id[:100], time.monotonic())
                 tries = attempts.Attempts(self._retry, deadline, self.balancer, urls)
-                while True:
-                    replica = tries.next()
-                    try:
-                        return await self._attempt(
-                            replica, tries.number, request, checked, protocol, deadline, queued
-                        )
-                    except errors.ItemError as exc:
-                        await tries.again(exc, _not_started(exc))  # raises it when final
-                        log.info(
-                            "retrying rollout request_id=%r on %s (%s): it did not start",
-                            request.request_id[:100],
-                            name,
-                            exc.reason,
-                        )
+                try:
+                    while True:
+                        replica = tries.next()
+                        try:
+                            return await self._attempt(
+                                replica, tries.number, request, checked, protocol, deadline, queued
+                            )
+                        except errors.ItemError as exc:
+                            await tries.again(exc, _not_started(exc))  # raises it when final
+                            log.info(
+                                "retrying rollout request_id=%r on %s (%s): it did not start",
+                                request.request_id[:100],
+                                name,
+                                exc.reason,
+                            )
+                finally:
+                    del self._running[token]
         except SlotTimeout as exc:
             raise attempts.deadline_passed(
                 f"while waiting {exc.queued:.3f} s for one of the {self._concurrency} slots of "

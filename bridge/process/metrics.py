@@ -18,7 +18,9 @@
   `outcome`, `code` and `reason` as for items;
 - `nemo_gym_grpc_rollout_latency_seconds` (histogram): one rollout's `/run` call, by `agent`;
 - `nemo_gym_grpc_rollouts_in_flight` / `nemo_gym_grpc_rollouts_waiting` (gauges): rollouts
-  holding one of their agent's `--agent-concurrency` slots / waiting for one, by `agent`.
+  holding one of their agent's `--agent-concurrency` slots / waiting for one, by `agent`;
+  `nemo_gym_grpc_rollouts_straggling` (gauge): those running far longer than their agent's
+  others (`nemo_gym_grpc.shared.stragglers`), as of its last check.
 
 A name that is not routable is counted as `resources_server="(unknown)"` (`agent="(unknown)"`),
 so request text cannot grow the label set. Each process has its own registry; with
@@ -105,9 +107,9 @@ class Metrics:
         scrape (read from the live counters, so they cannot drift from them)."""
         self.registry.register(_LoadCollector(balancer, active_streams))
 
-    def watch_rollouts(self, load: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
-        """Report the rollout gauges from `load()`: {agent: (in flight, waiting)}, read at
-        each scrape."""
+    def watch_rollouts(self, load: Callable[[], Mapping[str, tuple[int, int, int]]]) -> None:
+        """Report the rollout gauges from `load()`: {agent: (in flight, waiting, straggling)},
+        read at each scrape."""
         self.registry.register(_RolloutCollector(load))
 
     def rollout(self, agent: str, code: str, reason: str) -> None:
@@ -184,7 +186,7 @@ class _LoadCollector:
 
 
 class _RolloutCollector:
-    def __init__(self, load: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
+    def __init__(self, load: Callable[[], Mapping[str, tuple[int, int, int]]]) -> None:
         self._load = load
 
     def collect(self) -> Iterator[Metric]:
@@ -198,11 +200,19 @@ class _RolloutCollector:
             "Rollouts waiting for one of their agent's --agent-concurrency slots, by agent.",
             labels=["agent"],
         )
-        for agent, (running, queued) in sorted(self._load().items()):
+        straggling = GaugeMetricFamily(
+            "nemo_gym_grpc_rollouts_straggling",
+            "Rollouts running far longer than their agent's others (nemo_gym_grpc.shared."
+            "stragglers), by agent.",
+            labels=["agent"],
+        )
+        for agent, (running, queued, slow) in sorted(self._load().items()):
             in_flight.add_metric([agent], running)
             waiting.add_metric([agent], queued)
+            straggling.add_metric([agent], slow)
         yield in_flight
         yield waiting
+        yield straggling
 
 
 async def start_metrics_server(metrics: Metrics, host: str, port: int) -> web.AppRunner:

@@ -35,6 +35,7 @@ from nemo_gym_grpc.bridge.rpc.interceptors import (
 )
 from nemo_gym_grpc.bridge.rpc.rollout_service import RolloutService, add_rollout_service
 from nemo_gym_grpc.bridge.rpc.verify_service import VerifyService, add_verify_service
+from nemo_gym_grpc.shared import stragglers
 from nemo_gym_grpc.shared.child import write_ready_file
 from nemo_gym_grpc.shared.contract import SERVICES
 
@@ -73,6 +74,13 @@ def _credentials(config: BridgeConfig) -> grpc.ServerCredentials | None:
         root_certificates=ca,
         require_client_auth=ca is not None,
     )
+
+
+async def _check_stragglers(runner: Runner) -> None:
+    """`runner.check_stragglers()` every `stragglers.CHECK_EVERY` seconds (cancel to stop)."""
+    while True:
+        await asyncio.sleep(stragglers.CHECK_EVERY)
+        runner.check_stragglers()
 
 
 async def _watch_parent(stop: asyncio.Event) -> None:
@@ -319,7 +327,10 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
             host, port = metrics_runner.addresses[0][:2]
             log.info("Prometheus metrics on http://%s:%d/metrics", host, port)
         await bridge.server.start()
-        background = [asyncio.create_task(bridge.readiness.run())]
+        background = [
+            asyncio.create_task(bridge.readiness.run()),
+            asyncio.create_task(_check_stragglers(bridge.runner)),
+        ]
         if config.exit_with_parent:
             background.append(asyncio.create_task(_watch_parent(stop)))
         log.info(

@@ -15,8 +15,11 @@ Counted in `Shared.counts` and pushed to `metrics_queue` (TRL's logs) after each
 `nemo_gym/<name>_total`: `rollouts`, `failed_rollouts`, `stale_rollouts`, `dropped_groups`,
 `groups`, `samples`, `resent_rollouts` and `streams` (the feed's), and `failures/<kind>` per
 failed rollout (NeMo Gym's `failure_kind`, e.g. `judge_failed`, as the bridge passes it on in
-the error's metadata, else the error's reason or code); also `rollout/inflight` and
-`rollout/duration_s` (the bridge's `/run` latency, as a rate).
+the error's metadata, else the error's reason or code); also `rollout/inflight`,
+`rollout/duration_s` (the bridge's `/run` latency, as a rate) and `rollout/straggling` (the
+rollouts in flight far longer than their agent's others, `nemo_gym_grpc.shared.stragglers`,
+also logged). What `stop()` cancels counts as `cancelled_rollouts`, and the groups it leaves
+unfinished as `unfinished_groups` and in `dropped_groups`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from nemo_gym_grpc.rewards.client.outcomes import Failure, RunOutcome
 from nemo_gym_grpc.rewards.client.stream import Route
 from nemo_gym_grpc.rewards.trl import groups
 from nemo_gym_grpc.rewards.trl.rows import nemo_gym_row
+from nemo_gym_grpc.shared import stragglers
 from nemo_gym_grpc.v1 import rollout_pb2
 
 log = logging.getLogger("nemo_gym_grpc.rewards")
@@ -105,6 +109,8 @@ class _Flying:
     group: groups.Group
     index: int
     version: int
+    agent: str
+    sent_at: float = field(default_factory=time.monotonic)
 
 
 class Engine:
@@ -123,6 +129,8 @@ class Engine:
         self.flying: dict[str, _Flying] = {}
         self.wake = asyncio.Event()
         self.pushed: Counter[str] = Counter()  # counts already in a metrics push
+        self.stragglers = stragglers.Stragglers(log, "the rollout worker")
+        self.straggling = 0
 
     async def run(self) -> None:
         """Keep rollouts in flight until `shared.stop` is set; then cancel them.
@@ -144,6 +152,7 @@ class Engine:
             counts=self.shared.counts,
         )
         self.shared.feed = feed
+        checked = time.monotonic()
         async with feed:
             while not self.shared.stop.is_set():
                 if await feed.tick():
@@ -153,6 +162,29 @@ class Engine:
                 except asyncio.TimeoutError:
                     pass
                 self.wake.clear()
+                if time.monotonic() - checked >= stragglers.CHECK_EVERY:
+                    checked = time.monotonic()
+                    self._check_stragglers()
+        self._count_dropped()
+
+    def _check_stragglers(self) -> None:
+        running = (
+            (f.agent, f"group {f.group.group_id} rollout {f.index} ({key})", f.sent_at)
+            for key, f in self.flying.items()
+        )
+        self.straggling = sum(self.stragglers.check(running).values())
+
+    def _count_dropped(self) -> None:
+        """Count what the stop cut, and push the counts: the rollouts in flight (cancelled) and
+        every group drawn that did not complete (dropped)."""
+        if not self.requests:
+            return
+        cut, cancelled = len(self.requests), len(self.flying)
+        self.shared.counts.update(
+            cancelled_rollouts=cancelled, unfinished_groups=cut, dropped_groups=cut
+        )
+        log.info("stopped: %d rollouts in flight cancelled, %d groups dropped", cancelled, cut)
+        self._push_metrics(None)
 
     async def _feed(self, feed: RunFeed) -> None:
         """Send rollouts while fewer than `max_inflight` fly and the buffer has room."""
@@ -165,7 +197,8 @@ class Engine:
             group, index = self.ready.popleft()
             request = self._request(group, index)
             if request is not None:
-                self.flying[request.request_id] = _Flying(group, index, self.shared.version)
+                flying = _Flying(group, index, self.shared.version, request.agent)
+                self.flying[request.request_id] = flying
                 batch.append(request)
         if batch:
             await feed.send(batch)
@@ -214,11 +247,14 @@ class Engine:
         flying = self.flying.get(request_id)
         if flying is not None:
             flying.version = self.shared.version
+            flying.sent_at = time.monotonic()
 
     def _on_result(self, request_id: str, outcome: RunOutcome) -> None:
         flying = self.flying.pop(request_id, None)
         if flying is None:
             return
+        if not isinstance(outcome, Failure):
+            self.stragglers.finished(flying.agent, time.monotonic() - flying.sent_at)
         self._record(flying.group, groups.Result(flying.index, flying.version, outcome))
         self.wake.set()
 
@@ -272,15 +308,19 @@ class Engine:
             return "failures/other"
         return name
 
-    def _push_metrics(self, group: groups.Group) -> None:
+    def _push_metrics(self, group: groups.Group | None) -> None:
+        """The counts since the last push, the gauges and (`group`: the group just closed, or
+        None) its rollouts' durations, onto `metrics_queue` (dropped when it is full)."""
         counts = self.shared.counts
         metrics: dict[str, Any] = {
             f"nemo_gym/{name}_total": float(counts[name] - self.pushed[name]) for name in counts
         }
         self.pushed = Counter(counts)
         metrics["rollout/inflight"] = float(len(self.flying))
+        metrics["rollout/straggling"] = float(self.straggling)
+        results = group.results if group is not None else []
         latencies = [
-            r.outcome.latency_seconds for r in group.results if not isinstance(r.outcome, Failure)
+            r.outcome.latency_seconds for r in results if not isinstance(r.outcome, Failure)
         ]
         if latencies:
             metrics["rollout/duration_s"] = (float(sum(latencies)), float(len(latencies)))
