@@ -13,6 +13,10 @@ loopback, `create_nemo_gym_reward_fn`. While clients keep items flowing, a chaos
   (c) cancels `cancel_fraction` of the raw streams after their first results;
   (d) makes `bad_fraction` of the items bad (unparsable row, unknown resources server, empty
       resources server name).
+Besides the raw streams and the reward functions, `slow_readers` workers send items with a
+`large_reply_bytes` completion and `include_reply` (mcqa echoes the response, so each result
+holds a reply that large) and read each response message `slow_read_pause` s late: results
+pile up in the bridge, which must keep them within its byte limits and lose none.
 Every item is a logical id with a known answer (mcqa's first example row, the right or a
 wrong letter boxed), so the ledger (soak_ledger.py) can count what matters: items lost,
 results duplicated or misassigned, a silent 0.0 for an item that failed, untyped failures.
@@ -23,29 +27,24 @@ the numbers, writes the JSON summary and (with --plot) a PNG over time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
-import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
-import requests
 
 from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
-from tests.support import soak_report
-from tests.support.bridge import BridgeProcess, start_bridge
+from tests.support import soak_chaos, soak_report
+from tests.support.bridge import start_bridge
 from tests.support.items import mcqa_item, mcqa_row, wrong_letter
 from tests.support.soak_ledger import BAD, RIGHT, WRONG, Ledger
 from tests.support.stack import NemoGymServers
@@ -74,141 +73,10 @@ class SoakConfig:
     version: str | None = None  # NeMo Gym version; None = env NEMO_GYM_VERSION / 0.7.0
     seed: int = 0
     replicas: int = 2  # mcqa instances behind the one routing name; one is killed at a time
-
-
-@dataclass
-class _Server:
-    """One resources server process the chaos driver kills and starts again."""
-
-    instance: str
-    url: str
-    pid: int
-    argv: list[str]
-    cwd: str
-    env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None  # set once the soak started it itself
-
-
-@dataclass
-class _Chaos:
-    """The processes the chaos driver replaces, and what it did (elapsed s, event)."""
-
-    bridge: BridgeProcess
-    port: int
-    bridge_args: tuple[str, ...]
-    servers: list[_Server]
-    log: Path
-    events: list[tuple[float, str]] = field(default_factory=list)
-    bridge_starts: list[float] = field(default_factory=list)
-    kills: int = 0
-
-    def stop(self) -> None:
-        """Stop the current bridge (SIGTERM) and SIGKILL the servers the soak started itself
-        (ng_run stops the others)."""
-        self.bridge.stop()
-        for server in self.servers:
-            if server.proc is not None and server.proc.poll() is None:
-                server.proc.send_signal(signal.SIGKILL)
-                server.proc.wait(timeout=10)
-
-
-def _servers(gym: NemoGymServers) -> list[_Server]:
-    """The stack's resources server processes (`... app.py`), by instance name (ng_run gives
-    each its instance in NEMO_GYM_CONFIG_PATH), with their command line, cwd and env."""
-    found = []
-    for proc in gym.processes():
-        if not proc.cmdline.endswith("app.py"):
-            continue
-        raw_env = Path(f"/proc/{proc.pid}/environ").read_bytes().decode().split("\0")
-        env = dict(entry.split("=", 1) for entry in raw_env if "=" in entry)
-        argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
-        instance = env["NEMO_GYM_CONFIG_PATH"]
-        cwd = os.readlink(f"/proc/{proc.pid}/cwd")
-        found.append(_Server(instance, gym.server_urls[instance], proc.pid, argv, cwd, env))
-    return sorted(found, key=lambda server: server.instance)
-
-
-def _kill_and_restart(server: _Server, log: Path) -> None:
-    """SIGKILL the server and start it again as ng_run started it (without waiting)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(server.pid, signal.SIGKILL)
-    if server.proc is not None:
-        server.proc.wait(timeout=10)
-    with open(log, "ab") as out:
-        server.proc = subprocess.Popen(
-            server.argv,
-            cwd=server.cwd,
-            env=server.env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server.pid = server.proc.pid
-
-
-def _report_up(
-    server: _Server, proc: subprocess.Popen[bytes], chaos: _Chaos, t0: float, halt: threading.Event
-) -> None:
-    """Record when a restarted server answers `/` again, or that it did not within 60 s (or
-    exited); nothing if the soak ends first."""
-    started = time.monotonic()
-    while time.monotonic() - started < 60 and proc.poll() is None:
-        if halt.is_set():
-            return
-        with contextlib.suppress(requests.RequestException):
-            requests.get(server.url + "/", timeout=1)
-            up = round(time.monotonic() - t0, 2)
-            chaos.events.append((up, f"{server.instance} up after {up - started + t0:.1f} s"))
-            return
-        time.sleep(0.1)
-    chaos.events.append((round(time.monotonic() - t0, 2), f"{server.instance} NOT up again"))
-
-
-def _chaos_loop(config: SoakConfig, chaos: _Chaos, started: float, stop: threading.Event) -> None:
-    next_kill = config.kill_every
-    restart_at = config.duration * config.bridge_restart_at
-    restarted = False
-    while not stop.wait(0.1):
-        now = time.monotonic() - started
-        if now >= config.duration:
-            return
-        if now >= next_kill:
-            server = chaos.servers[chaos.kills % len(chaos.servers)]
-            chaos.kills += 1
-            _kill_and_restart(server, chaos.log)
-            chaos.events.append((round(now, 2), f"SIGKILL {server.instance}, restarted"))
-            assert server.proc is not None
-            waiter = threading.Thread(
-                target=_report_up, args=(server, server.proc, chaos, started, stop)
-            )
-            waiter.daemon = True
-            waiter.start()
-            next_kill += config.kill_every
-        if not restarted and now >= restart_at:
-            restarted = True
-            chaos.bridge.stop()  # SIGTERM: graceful drain, then exit
-            chaos.events.append((round(time.monotonic() - started, 2), "bridge SIGTERM"))
-            chaos.bridge = start_bridge(*chaos.bridge_args, listen=f"127.0.0.1:{chaos.port}")
-            chaos.bridge_starts.append(time.monotonic() - started)
-            chaos.events.append((round(time.monotonic() - started, 2), "bridge restarted"))
-
-
-def _sample(path: str) -> tuple[int, int] | None:
-    """(RSS bytes, open fds) of a process, or None if it is gone."""
-    try:
-        status = Path(f"{path}/status").read_text()
-        fds = len(os.listdir(f"{path}/fd"))
-    except OSError:
-        return None
-    rss_kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
-    return rss_kb * 1024, fds
-
-
-def _monitor_loop(ledger: Ledger, chaos: _Chaos, started: float, stop: threading.Event) -> None:
-    while not stop.wait(1.0):
-        sample = _sample(f"/proc/{chaos.bridge.pid}")
-        ledger.sample(time.monotonic() - started, chaos.bridge.pid, sample)
+    slow_readers: int = 1
+    slow_batch: int = 32
+    large_reply_bytes: int = 256 * 1024
+    slow_read_pause: float = 0.05
 
 
 def _stream_item(item_id: str, kind: str, bad_choice: int) -> verify_pb2.VerifyRequest:
@@ -221,18 +89,35 @@ def _stream_item(item_id: str, kind: str, bad_choice: int) -> verify_pb2.VerifyR
     return mcqa_item(item_id, resources_server="no_such_server")
 
 
+def _large(item: verify_pb2.VerifyRequest, size: int) -> verify_pb2.VerifyRequest:
+    """`item` with its completion padded to about `size` bytes and its reply asked for."""
+    item.completion = "x" * size + " " + item.completion
+    item.include_reply = True
+    return item
+
+
 def _stream_worker(
-    worker: int, config: SoakConfig, ledger: Ledger, target: str, stop: threading.Event
+    worker: int,
+    config: SoakConfig,
+    ledger: Ledger,
+    target: str,
+    stop: threading.Event,
+    slow: bool = False,
 ) -> None:
-    """Raw VerifyStream calls: new ids plus this worker's resends, one call per batch."""
-    rng = random.Random(config.seed * 1000 + worker)
-    channel = grpc.insecure_channel(target)
+    """Raw VerifyStream calls: new ids plus this worker's resends, one call per batch; `slow`:
+    large replies read late (see the module docstring)."""
+    rng = random.Random(config.seed * 1000 + worker + (700 if slow else 0))
+    options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    channel = grpc.insecure_channel(target, options=options)
     stub = verify_pb2_grpc.VerifyServiceStub(channel)
-    prefix = f"s{worker}-"
+    prefix = f"L{worker}-" if slow else f"s{worker}-"
+    batch = config.slow_batch if slow else config.stream_batch
     try:
         while ledger.keep_going(prefix, stop):
-            ids = ledger.take(prefix, config.stream_batch, rng, config.bad_fraction, stop)
+            ids = ledger.take(prefix, batch, rng, config.bad_fraction, stop)
             items = [_stream_item(i, ledger.kind(i), rng.randrange(2)) for i in ids]
+            if slow:
+                items = [_large(item, config.large_reply_bytes) for item in items]
             cancel = rng.random() < config.cancel_fraction
             batches = [
                 verify_pb2.VerifyStreamRequest(items=items[k : k + 64])
@@ -248,6 +133,8 @@ def _stream_worker(
                         got[result.request_id] = result
                     if cancel and got:
                         call.cancel()
+                    if slow:
+                        time.sleep(config.slow_read_pause)
             except grpc.RpcError:
                 whole_call = True
             if cancel:
@@ -316,14 +203,14 @@ def run_soak(config: SoakConfig, log: Callable[[str], None] = print) -> dict[str
         f"mcqa_{k}": {"resources_servers": {"mcqa": {}}} for k in range(2, config.replicas + 1)
     }
     with NemoGymServers(("mcqa",), version=config.version, extra_config=replicas) as gym:
-        servers = _servers(gym)
+        servers = soak_chaos.servers(gym)
         args: tuple[str, ...] = ()
         for server in servers:  # replicas of one routing name, balanced by the bridge
             args += ("--server", f"mcqa={server.url}")
         bridge = start_bridge(*args)
         port = int(bridge.target.rsplit(":", 1)[1])
         log_dir = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_soak_"))
-        chaos = _Chaos(bridge, port, args, servers, log_dir / "restarted_servers.log")
+        chaos = soak_chaos.Chaos(bridge, port, args, servers, log_dir / "restarted_servers.log")
         chaos.bridge_starts.append(0.0)
         ledger = Ledger()
         stop = threading.Event()
@@ -337,9 +224,15 @@ def run_soak(config: SoakConfig, log: Callable[[str], None] = print) -> dict[str
             threading.Thread(target=_reward_worker, args=(w, config, ledger, bridge.target, stop))
             for w in range(config.reward_workers)
         ]
+        workers += [
+            threading.Thread(
+                target=_stream_worker, args=(w, config, ledger, bridge.target, stop, True)
+            )
+            for w in range(config.slow_readers)
+        ]
         helpers = [
-            threading.Thread(target=_monitor_loop, args=(ledger, chaos, started, halt)),
-            threading.Thread(target=_chaos_loop, args=(config, chaos, started, halt)),
+            threading.Thread(target=soak_chaos.monitor_loop, args=(ledger, chaos, started, halt)),
+            threading.Thread(target=soak_chaos.chaos_loop, args=(config, chaos, started, halt)),
         ]
         for thread in [*workers, *helpers]:
             thread.daemon = True
@@ -350,7 +243,7 @@ def run_soak(config: SoakConfig, log: Callable[[str], None] = print) -> dict[str
                 log(f"soak: {ledger.progress(time.monotonic() - started)}")
             stop.set()
             _drain_wait(workers, DRAIN_LIMIT)
-            last = _sample(f"/proc/{chaos.bridge.pid}")
+            last = soak_chaos.sample(f"/proc/{chaos.bridge.pid}")
             ledger.sample(time.monotonic() - started, chaos.bridge.pid, last)
         finally:
             stop.set()
