@@ -244,3 +244,23 @@ async def test_a_stream_that_ends_early_gives_its_bytes_back() -> None:
     await asyncio.gather(pending, return_exceptions=True)
     await call.aclose()
     assert hung.budget.held == 0
+
+
+async def test_a_unary_item_counts_against_the_budget_and_waits_while_it_is_full() -> None:
+    seen: list[int] = []
+
+    async def answer(request, deadline):
+        seen.append(full.budget.held)
+        return sized(request.request_id, 10)
+
+    full = dataclasses.replace(kind(Scripted(0)), answer=answer, budget=Budget(10_000))
+    context = SimpleNamespace(time_remaining=lambda: None)
+    item = verify_pb2.VerifyRequest(request_id="u", resources_server="s", row_json="x" * 1000)
+    full.budget.take(10_000)  # the streams hold it all
+    call = asyncio.ensure_future(streams.unary(full, item, context))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert not call.done() and not seen  # waits, nothing sent upstream
+    full.budget.give(10_000)
+    assert (await call).reward == 1.0
+    assert seen == [streams.IN_FLIGHT_COPIES * item.ByteSize()]  # counted while it ran
+    assert full.budget.held == 0

@@ -229,8 +229,8 @@ class BridgeConfig:
     )
     max_held_bytes: int = option(
         "--max-held-mb",
-        "MiB of items and unsent results of all streams together past which no stream reads "
-        "a further message until results go out",
+        "MiB of items and unsent results of all streams and unary calls together past which "
+        "no stream reads a further message and no unary call starts until results go out",
         type=positive_float,
         default=4096.0,
         metavar="MIB",

@@ -1,10 +1,10 @@
 """The bytes of stream items and results the whole bridge holds, bounded (`--max-held-mb`).
 
 Each VerifyStream and RunStream counts the items it read and the results it has not yet sent,
-in serialized bytes, against its own limit (`--max-stream-mb`, `streams.Kind.max_stream_bytes`)
+in serialized bytes, against its own limit (`--max-stream-mb`, `kinds.Kind.max_stream_bytes`)
 and against the bridge's `Budget`. A stream over either stops reading before its next message,
-so gRPC flow control slows its sender (backpressure) until results go out; nothing is refused
-for it.
+so gRPC flow control slows its sender (backpressure) until results go out; a unary call counts
+while it runs and waits to start while the budget is full; nothing is refused for it.
 """
 
 from __future__ import annotations

@@ -69,13 +69,21 @@ async def unary(
 ) -> Result:
     """The body of a unary handler: the item's result (`kind.answer`, under the call's
     deadline), or the call aborted INVALID_ARGUMENT for a request `lenient` could not parse.
-    """
+    The item counts against the bridge's `budget` while it runs, and waits (within the call's
+    deadline) while the streams hold all of it."""
     if isinstance(request, Unparsable):
         await context.abort(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"the {request.name} could not be parsed ({request.error})",
         )
-    result = await kind.answer(request, call_deadline(context))
+    budget = kind.budget
+    await budget.room()
+    held = IN_FLIGHT_COPIES * request.ByteSize()
+    budget.take(held)
+    try:
+        result = await kind.answer(request, call_deadline(context))
+    finally:
+        budget.give(held)
     size = result.ByteSize()
     return result if size <= kind.max_message_bytes else too_large(result, size, kind)
 
