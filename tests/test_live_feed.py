@@ -89,3 +89,32 @@ def test_every_request_gets_one_outcome_across_rotated_calls(bridge):
     assert all(o.rollout.reward == 1.0 for o in outcomes.values())  # type: ignore[attr-defined]
     assert running.counts["streams"] >= 3 and running.counts["resent_rollouts"] == 0
     assert running.in_flight == 0 and running.down_since is None
+
+
+def test_a_call_the_bridge_ends_for_idling_is_a_rotation_not_a_failure(caplog):
+    """A bridge with `--stream-idle-timeout 1`: the feed's idle calls are ended STREAM_IDLE and
+    replaced; none counts as a failure, nothing is logged, and items still go through."""
+
+    async def idle_then_send(target: str) -> tuple[dict[str, object], RunFeed]:
+        outcomes: dict[str, object] = {}
+        route = Route.resolve(target=target, timeout=60.0)
+        async with RunFeed(route, target, outcomes.__setitem__) as running:
+            deadline = time.monotonic() + WAIT
+            while running.counts["streams"] < 3 and time.monotonic() < deadline:
+                await running.tick()  # idle: each call is ended after 1 s and replaced
+                await asyncio.sleep(0.1)
+            await running.send([request("after-idle")])
+            while not outcomes and time.monotonic() < deadline:
+                await running.tick()
+                await asyncio.sleep(0.1)
+        return outcomes, running
+
+    with FaultProxy(None) as agent:
+        agent.set_faults(Fault("status", body=json.dumps(ROLLOUT).encode()))
+        args = ("--agent", f"agent={agent.url}", "--stream-idle-timeout", "1")
+        with start_bridge(*args) as process, caplog.at_level("WARNING"):
+            outcomes, running = asyncio.run(idle_then_send(process.target))
+    assert running.counts["streams"] >= 3 and running.last_failure is None
+    assert running.down_since is None  # (a result arrived)
+    assert outcomes["after-idle"].rollout.reward == 1.0  # type: ignore[attr-defined]
+    assert not [r for r in caplog.records if r.name == "nemo_gym_grpc.rewards"]

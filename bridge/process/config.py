@@ -236,6 +236,15 @@ class BridgeConfig:
         metavar="MIB",
         convert=lambda mb: int(mb * MiB),
     )
+    stream_idle_timeout: float = option(
+        "--stream-idle-timeout",
+        "seconds a VerifyStream or RunStream may hold no item and receive no message before "
+        "the bridge ends it UNAVAILABLE / STREAM_IDLE (so idle clients cannot keep the "
+        "--max-streams places); 0 = never",
+        type=non_negative_float,
+        default=300.0,
+        metavar="SECONDS",
+    )
     max_health_watches: int = option(
         "--max-health-watches",
         "most concurrent health Watch calls (health is open without the token; each Watch "

@@ -51,6 +51,8 @@ class Kind(Generic[Item, Result]):
             stream reads no further message until results go out (`--max-stream-mb`).
         budget: the bridge's bytes of all streams (`--max-held-mb`); over it, no stream reads
             a further message.
+        idle_timeout: seconds a stream may hold nothing and receive nothing before the bridge
+            ends it UNAVAILABLE / STREAM_IDLE (`--stream-idle-timeout`); 0 = never.
     """
 
     answer: Callable[[Item, float | None], Awaitable[Result]]
@@ -66,6 +68,7 @@ class Kind(Generic[Item, Result]):
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_stream_bytes: int = sys.maxsize
     budget: Budget = field(default_factory=lambda: Budget(sys.maxsize))
+    idle_timeout: float = 0.0
 
 
 # Bytes a result adds to a response message beyond its own: its field tag and length prefix.

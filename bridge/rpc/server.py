@@ -147,6 +147,7 @@ async def build(config: BridgeConfig, client: http.Client) -> Bridge:
         "max_message_bytes": config.max_message_bytes,
         "max_stream_bytes": config.max_stream_bytes,
         "budget": Budget(config.max_held_bytes),
+        "idle_timeout": config.stream_idle_timeout,
     }
     add_verify_service(VerifyService(verifier, **limits), server)
     add_rollout_service(RolloutService(runner, **limits), server)

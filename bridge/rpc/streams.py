@@ -18,7 +18,9 @@ waits, because the reader stops reading and gRPC flow control slows it; a messag
 than `max_batch_items` items, or one that cannot be parsed, ends the call (RESOURCE_EXHAUSTED /
 INVALID_ARGUMENT) once the items read before it are answered. When the call ends for any other
 reason (cancelled, deadline, shutdown) every item's task is cancelled and awaited, so no item's
-upstream call outlives its stream.
+upstream call outlives its stream. A stream that holds nothing and receives nothing for
+`idle_timeout` seconds is ended UNAVAILABLE / STREAM_IDLE, so an idle client cannot keep one of
+the `--max-streams` places.
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ from typing import Any, Generic
 
 import grpc
 from google.protobuf.message import DecodeError
+from google.rpc import code_pb2
+from grpc_status import rpc_status
 
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.rpc.interceptors import refuse_stream
 from nemo_gym_grpc.bridge.rpc.kinds import Item, Kind, Result, fitted, too_large
+from nemo_gym_grpc.shared import reasons
 
 # An item in flight counts this many times its serialized size against the byte limits: its
 # message, and the upstream body built from it (about as large: the row and the response).
@@ -109,14 +114,20 @@ async def serve(
     peer = context.peer()  # read now: the call may be gone when the stream ends
     started_at = time.monotonic()
     reader = asyncio.create_task(stream.read(request_iterator))
+    watch = asyncio.create_task(stream.watch_idle(kind.idle_timeout)) if kind.idle_timeout else None
     try:
         async for message in stream.results():
             yield message
+        if stream.idle:
+            reader.cancel()  # nothing was coming: no write of the client's can be cut short
+            await context.abort_with_status(rpc_status.to_status(_idle(kind).to_status()))
         await reader  # re-raises an error from reading the requests
         if stream.refusal is not None:
             await refuse_stream(request_iterator, context, *stream.refusal)
     finally:
         reader.cancel()
+        if watch is not None:
+            watch.cancel()
         tasks = [reader, *stream.tasks]
         for task in stream.tasks:
             task.cancel()
@@ -182,6 +193,9 @@ class _Stream(Generic[Item, Result]):
         self._kept: list[Result] = []
         self._wake: asyncio.Future[None] | None = None
         self._input_ended = False
+        # When the stream last read or sent a message (`watch_idle`), and whether it idled out.
+        self._active_at = time.monotonic()
+        self.idle = False
         # Items the stream may still take in (max_stream_items less those held); the reader
         # waits on `_room_freed` when it is 0.
         self._room = kind.max_stream_items
@@ -239,6 +253,7 @@ class _Stream(Generic[Item, Result]):
                     task = asyncio.create_task(self._answer(request, size))
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
+                self._active_at = time.monotonic()
                 await self._bytes_room()
         finally:
             self._input_ended = True
@@ -277,6 +292,18 @@ class _Stream(Generic[Item, Result]):
         self._ready.append(result)  # (`_ready` is read after the await: `results` swaps it)
         self._notify()
 
+    async def watch_idle(self, seconds: float) -> None:
+        """Set `idle` and wake `results` once the stream has held no item and read and sent no
+        message for `seconds` (its input still open)."""
+        while True:
+            held = self.accepted != self.sent or self._ready or self._kept
+            quiet = time.monotonic() - self._active_at
+            if not held and not self._input_ended and quiet >= seconds:
+                self.idle = True
+                self._notify()
+                return
+            await asyncio.sleep(seconds if held else seconds - quiet)
+
     def _notify(self) -> None:
         wake = self._wake
         if wake is not None and not wake.done():
@@ -289,7 +316,7 @@ class _Stream(Generic[Item, Result]):
         loop = asyncio.get_running_loop()
         while True:
             if not (self._ready or self._kept):
-                if self._input_ended and self.sent == self.accepted:
+                if (self._input_ended and self.sent == self.accepted) or self.idle:
                     return
                 self._wake = loop.create_future()
                 await self._wake
@@ -309,9 +336,20 @@ class _Stream(Generic[Item, Result]):
                 # counted once gRPC took it (it asks for the next message after the write)
                 self.failed += sum(result.HasField("error") for result in message.results)
                 self.sent += len(message.results)
+                self._active_at = time.monotonic()
             self.give_back(freed_bytes)
             if self._room_freed is not None and not self._room_freed.done():
                 self._room_freed.set_result(None)
+
+
+def _idle(kind: Kind[Any, Any]) -> errors.ItemError:
+    return errors.ItemError(
+        code_pb2.UNAVAILABLE,
+        reasons.STREAM_IDLE,
+        f"the {kind.rpc} held nothing and received nothing for {kind.idle_timeout:g} s "
+        "(--stream-idle-timeout): open a new one when there is work",
+        idleSeconds=f"{kind.idle_timeout:g}",
+    )
 
 
 def _duplicate(request_id: str) -> errors.ItemError:

@@ -16,7 +16,8 @@ call knows its items before it starts and returns once all are answered (`stream
   flight, not what was answered;
 - a call takes new items for the first half of its deadline, then is half-closed (the bridge
   finishes what it holds and ends it OK) and a new call takes over: no call lives without a
-  deadline, and every item has at least half of one;
+  deadline, and every item has at least half of one; a call the bridge ends for sitting idle
+  (`resend.rotated`) is replaced the same way, not counted as a failure;
 - the items of a call that fails as a whole (bridge restarted, connection lost) are sent again
   on the next call under a new request_id (`<id>-r<N>`, so NeMo Gym never sees one rollout id
   twice), after a pause growing with the failures in a row (RECONNECT_DELAYS): a training run
@@ -336,7 +337,7 @@ class RunFeed:
             self._attempts[key] += 1
         self._pending.extendleft(reversed(keys))
         self.counts["resent_rollouts"] += len(keys)
-        if failure is None:
+        if failure is None or resend.rotated(failure):
             return
         if failure.code in resend.PERMANENT:
             self.fatal = failure

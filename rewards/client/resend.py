@@ -21,7 +21,7 @@ from google.rpc import code_pb2
 
 from nemo_gym_grpc.rewards.client.outcomes import Failure
 from nemo_gym_grpc.shared.contract import MiB
-from nemo_gym_grpc.shared.reasons import RETRYABLE_CODES
+from nemo_gym_grpc.shared.reasons import RETRYABLE_CODES, STREAM_IDLE
 
 ITEMS_PER_MESSAGE = 64
 # A message is closed early once its items reach this size (a big message only adds latency).
@@ -35,6 +35,13 @@ RETRYABLE = frozenset(code_pb2.Code.Name(code) for code in RETRYABLE_CODES)
 # Call-level codes that sending again cannot fix (token refused, no such service, a message
 # refused).
 PERMANENT = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "UNIMPLEMENTED", "INVALID_ARGUMENT"})
+
+
+def rotated(failure: Failure) -> bool:
+    """True for a stream the bridge ended because it sat idle (`STREAM_IDLE`: nothing in
+    flight, nothing sent for its `--stream-idle-timeout`): no failure, a new stream takes the
+    next items."""
+    return failure.reason == STREAM_IDLE
 
 
 def send_again(failure: Failure) -> bool:

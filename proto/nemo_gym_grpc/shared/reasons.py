@@ -25,6 +25,9 @@ UPSTREAM_SESSION_FAILED = "UPSTREAM_SESSION_FAILED"
 BRIDGE_INTERNAL = "BRIDGE_INTERNAL"
 # A result larger than one stream message may be (`--max-message-mb`).
 RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
+# A whole stream the bridge ended because it held nothing and received nothing for
+# `--stream-idle-timeout` seconds (UNAVAILABLE: open a new one when there is work).
+STREAM_IDLE = "STREAM_IDLE"
 # Rollouts (RolloutService).
 UNKNOWN_AGENT = "UNKNOWN_AGENT"
 UPSTREAM_EPISODE_FAILED = "UPSTREAM_EPISODE_FAILED"
