@@ -11,7 +11,6 @@ log-probs make the agent's `/run` reply and the rollout's `output_json` over 2 M
 
 from __future__ import annotations
 
-import json
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +26,9 @@ from nemo_gym_grpc.v1 import rollout_pb2
 from tests.support import BridgeProcess, start_bridge
 from tests.support.policy_model import Knobs
 from tests.support.waiting import wait_until
+from tests.test_rollout_worker import args as worker_args
 from tests.test_rollouts_client import weather_rows
+from tests.test_trl_async import dataset_of
 
 MiB = 1024 * 1024
 WORDS = 40_000  # each one token: its 48 letters, id and log-prob make 60 bytes of /run reply
@@ -75,10 +76,7 @@ def test_64_rollouts_of_over_2_mib_all_come_back_through_runstream(bridge, nemo_
 
 
 def test_the_rollout_func_gets_64_rollouts_of_over_2_mib(bridge, nemo_gym_venv):
-    dataset = [
-        {"prompt": row["responses_create_params"]["input"], "verify_extra": json.dumps(row)}
-        for row in weather_rows(nemo_gym_venv)
-    ]
+    dataset = dataset_of(weather_rows(nemo_gym_venv))
     rollout_func = create_nemo_gym_rollout_func(target=bridge.target, rows=dataset)
     tokenizer = types.SimpleNamespace(eos_token_id=2)  # what the rollout_func reads of TRL's
     trainer = types.SimpleNamespace(temperature=1.0, top_p=1.0, processing_class=tokenizer)
@@ -89,26 +87,10 @@ def test_the_rollout_func_gets_64_rollouts_of_over_2_mib(bridge, nemo_gym_venv):
 
 
 def test_the_rollout_worker_trains_on_rollouts_of_over_2_mib(bridge, nemo_gym_venv):
-    import datasets
-
-    rows = weather_rows(nemo_gym_venv)
-    dataset = datasets.Dataset.from_list(
-        [
-            {"prompt": r["responses_create_params"]["input"], "verify_extra": json.dumps(r)}
-            for r in rows
-        ]
+    dataset = dataset_of(weather_rows(nemo_gym_venv))
+    worker = create_nemo_gym_rollout_worker(
+        dataset, worker_args(max_inflight_tasks=16), target=bridge.target
     )
-    args = types.SimpleNamespace(  # the AsyncGRPOConfig fields the worker reads
-        num_generations=2,
-        max_staleness=4,
-        queue_maxsize=0,
-        max_inflight_tasks=16,
-        temperature=1.0,
-        top_p=1.0,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=1,
-    )
-    worker = create_nemo_gym_rollout_worker(dataset, args, target=bridge.target)
     worker.start()
     try:
         wait_until(lambda: worker.counts["samples"] >= ROLLOUTS, WAIT, f"{ROLLOUTS} samples")
