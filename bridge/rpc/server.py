@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -74,6 +75,17 @@ def _credentials(config: BridgeConfig) -> grpc.ServerCredentials | None:
         root_certificates=ca,
         require_client_auth=ca is not None,
     )
+
+
+async def _metrics_server(config: BridgeConfig, metrics: Metrics) -> web.AppRunner | None:
+    """The Prometheus metrics server when `config.metrics_port` is set (its address logged),
+    else None."""
+    if config.metrics_port is None:
+        return None
+    runner = await start_metrics_server(metrics, config.metrics_host, config.metrics_port)
+    host, port = runner.addresses[0][:2]
+    log.info("Prometheus metrics on http://%s:%d/metrics", host, port)
+    return runner
 
 
 async def _check_stragglers(runner: Runner) -> None:
@@ -320,13 +332,7 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
         client = http.Client(session, builtin=builtin, max_reply_bytes=config.max_reply_bytes)
         bridge = await build(config, client)
         await bridge.readiness.round()
-        metrics_runner = None
-        if config.metrics_port is not None:
-            metrics_runner = await start_metrics_server(
-                bridge.metrics, config.metrics_host, config.metrics_port
-            )
-            host, port = metrics_runner.addresses[0][:2]
-            log.info("Prometheus metrics on http://%s:%d/metrics", host, port)
+        metrics_runner = await _metrics_server(config, bridge.metrics)
         await bridge.server.start()
         background = [
             asyncio.create_task(bridge.readiness.run()),

@@ -197,6 +197,25 @@ def _drain_wait(threads: list[threading.Thread], limit: float) -> None:
         thread.join(max(0.0, deadline - time.monotonic()))
 
 
+def _workers(
+    config: SoakConfig, ledger: Ledger, target: str, stop: threading.Event
+) -> list[threading.Thread]:
+    """The client threads (not started): raw streams, reward functions, slow readers."""
+    streams = [
+        threading.Thread(target=_stream_worker, args=(w, config, ledger, target, stop))
+        for w in range(config.stream_workers)
+    ]
+    rewards = [
+        threading.Thread(target=_reward_worker, args=(w, config, ledger, target, stop))
+        for w in range(config.reward_workers)
+    ]
+    slow = [
+        threading.Thread(target=_stream_worker, args=(w, config, ledger, target, stop, True))
+        for w in range(config.slow_readers)
+    ]
+    return streams + rewards + slow
+
+
 def run_soak(config: SoakConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the soak; returns the summary (soak_report.summarize): counts, checks, series."""
     replicas = {
@@ -217,19 +236,7 @@ def run_soak(config: SoakConfig, log: Callable[[str], None] = print) -> dict[str
         halt = threading.Event()  # monitor and chaos
         started = time.monotonic()
         log(f"soak: NeMo Gym {gym.version}, bridge {bridge.target}, {config.duration:.0f} s")
-        workers = [
-            threading.Thread(target=_stream_worker, args=(w, config, ledger, bridge.target, stop))
-            for w in range(config.stream_workers)
-        ] + [
-            threading.Thread(target=_reward_worker, args=(w, config, ledger, bridge.target, stop))
-            for w in range(config.reward_workers)
-        ]
-        workers += [
-            threading.Thread(
-                target=_stream_worker, args=(w, config, ledger, bridge.target, stop, True)
-            )
-            for w in range(config.slow_readers)
-        ]
+        workers = _workers(config, ledger, bridge.target, stop)
         helpers = [
             threading.Thread(target=soak_chaos.monitor_loop, args=(ledger, chaos, started, halt)),
             threading.Thread(target=soak_chaos.chaos_loop, args=(config, chaos, started, halt)),
