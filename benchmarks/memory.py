@@ -33,16 +33,10 @@ from benchmarks import procs
 from nemo_gym_grpc.shared.child import Child, bridge_command
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support.fault_proxy import Fault, FaultProxy
-from tests.support.items import reason
+from tests.support.items import reason, scoring_reply
 
 MiB = 1024 * 1024
 ROW = json.dumps({"question": "2+2?", "expected_answer": "A"})
-
-
-def reply(size: int) -> bytes:
-    """A scoring /verify reply of `size` bytes."""
-    head = b'{"reward": 1.0, "pad": "'
-    return head + b"x" * (size - len(head) - 2) + b'"}'
 
 
 def item(request_id: str, row_bytes: int = 0, **fields) -> verify_pb2.VerifyRequest:
@@ -101,7 +95,7 @@ def watches(target: str) -> Counter:
 # name -> (faults of the scripted upstream, extra bridge flags, the case's client side)
 CASES: dict[str, tuple[Callable[[], list[Fault]], list[str], Callable[[str], Counter]]] = {
     "reply_200mb": (
-        lambda: [Fault("status", body=reply(200 * MiB))],
+        lambda: [Fault("status", body=scoring_reply(200 * MiB))],
         [],
         lambda target: outcomes(target, [item("one")]),
     ),
@@ -109,7 +103,7 @@ CASES: dict[str, tuple[Callable[[], list[Fault]], list[str], Callable[[str], Cou
         lambda: [
             Fault(
                 "status",
-                body=gzip.compress(reply(512 * MiB), 9),
+                body=gzip.compress(scoring_reply(512 * MiB), 9),
                 headers={"Content-Encoding": "gzip"},
             )
         ],
@@ -117,24 +111,24 @@ CASES: dict[str, tuple[Callable[[], list[Fault]], list[str], Callable[[str], Cou
         lambda target: outcomes(target, [item("one")]),
     ),
     "four_200mb_at_once": (
-        lambda: [Fault("status", body=reply(200 * MiB))],
+        lambda: [Fault("status", body=scoring_reply(200 * MiB))],
         [],
         lambda target: outcomes(target, [item(f"i{n}") for n in range(4)]),
     ),
     "items_300x2mb_slow_upstream": (
-        lambda: [Fault("status", body=reply(200), seconds=3.0)],
+        lambda: [Fault("status", body=scoring_reply(200), seconds=3.0)],
         [],
         lambda target: outcomes(target, [item(f"i{n}", 2 * MiB) for n in range(300)]),
     ),
     "replies_300x512kb_slow_reader": (
-        lambda: [Fault("status", body=reply(512 * 1024))],
+        lambda: [Fault("status", body=scoring_reply(512 * 1024))],
         [],
         lambda target: outcomes(
             target, [item(f"i{n}", include_reply=True) for n in range(300)], 0.5
         ),
     ),
     "request_ids_75x4mb": (
-        lambda: [Fault("status", body=reply(200))],
+        lambda: [Fault("status", body=scoring_reply(200))],
         [],
         lambda target: outcomes(
             target, [item(f"{n}" + "r" * (4 * MiB)) for n in range(75)], per_message=4

@@ -20,16 +20,10 @@ from google.rpc import code_pb2
 
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support.fault_proxy import Fault, FaultProxy
-from tests.support.items import error_info, scored
+from tests.support.items import error_info, scored, scoring_reply
 
 MiB = 1024 * 1024
 ROW = json.dumps({"question": "2+2?", "expected_answer": "A"})
-
-
-def reply(size: int) -> bytes:
-    """A scoring /verify reply of `size` bytes (reward 1.0, padded)."""
-    head = b'{"reward": 1.0, "pad": "'
-    return head + b"x" * (size - len(head) - 2) + b'"}'
 
 
 def item(name: str, server: str = "scripted") -> verify_pb2.VerifyRequest:
@@ -44,16 +38,19 @@ def upstreams() -> Iterator[tuple[FaultProxy, FaultProxy]]:
     with FaultProxy(None) as scripted, FaultProxy(scripted.url) as chunked:
         gzipped = {"Content-Encoding": "gzip"}
         scripted.set_faults(
-            Fault("status", match='"case-sized"', body=reply(2 * MiB)),
+            Fault("status", match='"case-sized"', body=scoring_reply(2 * MiB)),
             Fault(
-                "status", match='"case-bomb"', body=gzip.compress(reply(64 * MiB)), headers=gzipped
+                "status",
+                match='"case-bomb"',
+                body=gzip.compress(scoring_reply(64 * MiB)),
+                headers=gzipped,
             ),
-            Fault("status", match='"case-streamed"', body=reply(2 * MiB)),
-            Fault("status", match='"case-fits"', body=reply(MiB - 1024)),
+            Fault("status", match='"case-streamed"', body=scoring_reply(2 * MiB)),
+            Fault("status", match='"case-fits"', body=scoring_reply(MiB - 1024)),
             Fault(
                 "status",
                 match='"case-fits_gzip"',
-                body=gzip.compress(reply(MiB - 1024)),
+                body=gzip.compress(scoring_reply(MiB - 1024)),
                 headers=gzipped,
             ),
         )

@@ -58,6 +58,13 @@ def mcqa_item(
     return verify_pb2.VerifyRequest(request_id=request_id, **fields)
 
 
+def scoring_reply(size: int) -> bytes:
+    """A `/verify` reply body of `size` bytes that scores (reward 1.0, padded), for scripted
+    upstreams that must answer large."""
+    head = b'{"reward": 1.0, "pad": "'
+    return head + b"x" * (size - len(head) - 2) + b'"}'
+
+
 def error_info(result: verify_pb2.VerifyResponse) -> error_details_pb2.ErrorInfo:
     """The single ErrorInfo of a failed result; asserts that the result is a failure with
     exactly one detail, in the bridge's error domain."""
