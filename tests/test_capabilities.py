@@ -110,7 +110,7 @@ def verifier(session: aiohttp.ClientSession, url: str, **settings) -> Verifier:
         session_servers=(),
         metrics=Metrics(),
     )
-    upstreams = Upstreams({"s": url}, None, session)
+    upstreams = Upstreams({"s": url})
     return Verifier(upstreams, http.Client(session), **(defaults | settings))
 
 

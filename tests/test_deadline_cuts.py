@@ -54,9 +54,7 @@ async def test_items_in_flight_at_a_long_deadline_get_their_timeout_before_it(ha
     now = time.monotonic()
     deadlines = [now + 5.5, now + 6.25, now + 7.0]
     async with aiohttp.ClientSession() as session:
-        verifier = verifier_for(
-            Upstreams({"slow": hanging.url}, None, session), session, max_in_flight=8
-        )
+        verifier = verifier_for(Upstreams({"slow": hanging.url}), session, max_in_flight=8)
         outcomes = await asyncio.gather(
             *(answered_at(verifier, item(f"long-{i}"), d) for i, d in enumerate(deadlines))
         )
@@ -72,9 +70,7 @@ async def test_an_item_waiting_for_a_slot_fails_at_its_deadline_not_when_the_slo
     hanging,
 ):
     async with aiohttp.ClientSession() as session:
-        verifier = verifier_for(
-            Upstreams({"slow": hanging.url}, None, session), session, max_in_flight=1
-        )
+        verifier = verifier_for(Upstreams({"slow": hanging.url}), session, max_in_flight=1)
         holder = asyncio.ensure_future(answered_at(verifier, item("holder", 4.0), None))
         await asyncio.sleep(0.3)  # the holder has the only slot
         deadline = time.monotonic() + 1.0

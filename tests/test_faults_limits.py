@@ -117,7 +117,7 @@ def test_10000_items_against_a_slow_upstream_keep_the_bridge_memory_bounded(scri
 async def test_the_retry_budget_bounds_attempts_and_time():
     policy = RetryPolicy(attempts=50, initial_backoff=0.05, max_backoff=0.2, budget=1.0)
     async with aiohttp.ClientSession() as session:
-        upstreams = Upstreams({"down": f"http://127.0.0.1:{closed_port()}"}, None, session)
+        upstreams = Upstreams({"down": f"http://127.0.0.1:{closed_port()}"})
         verifier = verifier_for(upstreams, session, retry=policy)
         started = time.monotonic()
         result = await verifier.verify(
@@ -133,7 +133,7 @@ async def test_waiting_for_an_upstream_slot_does_not_eat_the_item_timeout(proxy,
     still gets its own 0.8 s. Under an RPC deadline, the wait is reported."""
     proxy.set_faults(Fault("pass", seconds=0.5))
     async with aiohttp.ClientSession() as session:
-        upstreams = Upstreams({"mcqa": proxy.url}, None, session)
+        upstreams = Upstreams({"mcqa": proxy.url})
         verifier = verifier_for(upstreams, session, max_in_flight=1)
         items = [item(f"q{i}", row, timeout_seconds=0.8) for i in range(3)]
         results = await _gather(verifier, items, None)
@@ -154,7 +154,7 @@ async def _gather(verifier, items, deadline):
 async def test_a_retry_never_overlaps_the_attempt_before_it(proxy, row):
     proxy.set_faults(Fault("status", status=503, seconds=0.2))
     async with aiohttp.ClientSession() as session:
-        verifier = verifier_for(Upstreams({"mcqa": proxy.url}, None, session), session)
+        verifier = verifier_for(Upstreams({"mcqa": proxy.url}), session)
         result = await verifier.verify(item("one", row), None)
     assert info(result).metadata["attempts"] == "3" and proxy.attempts["one"] == 3
     assert proxy.peak_in_flight == 1
@@ -162,6 +162,6 @@ async def test_a_retry_never_overlaps_the_attempt_before_it(proxy, row):
 
 async def test_max_item_bytes_is_a_verifier_argument(row):
     async with aiohttp.ClientSession() as session:
-        verifier = verifier_for(Upstreams({}, None, session), session, max_item_bytes=1000)
+        verifier = verifier_for(Upstreams({}), session, max_item_bytes=1000)
         result = await verifier.verify(item("big", row, completion="x" * 1000), None)
     assert_failed(result, code_pb2.INVALID_ARGUMENT, "ITEM_TOO_LARGE", maxItemBytes="1000")

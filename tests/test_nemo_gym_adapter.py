@@ -228,7 +228,7 @@ async def test_both_calls_of_a_session_item_carry_its_request_id_and_the_seed_co
     try:
         async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
             verifier = Verifier(
-                Upstreams({"stateful": url}, None, session),
+                Upstreams({"stateful": url}),
                 http.Client(session),
                 default_timeout=5.0,
                 max_in_flight=4,

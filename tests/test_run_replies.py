@@ -21,7 +21,7 @@ from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym.episodes import read_episode_reply
-from nemo_gym_grpc.bridge.nemo_gym.head import AGENT_SERVERS, parse_servers
+from nemo_gym_grpc.bridge.nemo_gym.head import AGENT_SERVERS, list_servers, load_config
 from nemo_gym_grpc.bridge.nemo_gym.run import read_rollout
 from nemo_gym_grpc.bridge.nemo_gym.scores import parse_reply
 from nemo_gym_grpc.shared import reasons
@@ -286,7 +286,8 @@ def test_agents_and_environment_servers_are_discovered_with_their_protocol():
         "relay": {"environment_servers": {"legacy_agent": {"host": "127.0.0.1", "port": 5005}}},
     }
     body = json.dumps(yaml.safe_dump(config)).encode()
-    assert parse_servers(body, "http://127.0.0.2:11000", AGENT_SERVERS) == {
+    listing = list_servers(load_config(body), "http://127.0.0.2:11000", AGENT_SERVERS)
+    assert listing.found == {
         "simple_agent": ("http://127.0.0.2:5001", "agent"),
         "weather_env": ("http://127.0.0.1:5002", "environment"),
         "single_agent_turn": ("http://127.0.0.1:5002", "environment"),

@@ -18,8 +18,14 @@ from google.rpc import code_pb2
 from grpc_health.v1 import health
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.flows.discovery import HeadServer
 from nemo_gym_grpc.bridge.flows.upstreams import AGENTS, Upstreams
-from nemo_gym_grpc.bridge.nemo_gym.head import parse_global_config
+from nemo_gym_grpc.bridge.nemo_gym.head import (
+    RESOURCES_SERVERS,
+    HeadUnreadable,
+    list_servers,
+    load_config,
+)
 from nemo_gym_grpc.bridge.rpc.health import Readiness
 from nemo_gym_grpc.shared import reasons
 from tests.support import closed_port
@@ -37,6 +43,12 @@ def test_real_head_server_reply_is_yaml_inside_a_json_string(nemo_gym):
 
 def _reply(config: dict) -> bytes:
     return json.dumps(yaml.safe_dump(config)).encode()
+
+
+def parse_global_config(body: bytes, head_url: str) -> dict[str, str]:
+    """{name: base URL} of the resources servers in a `/global_config_dict_yaml` body."""
+    found = list_servers(load_config(body), head_url, RESOURCES_SERVERS).found
+    return {name: url for name, (url, _) in found.items()}
 
 
 def test_wildcard_and_localhost_hosts_are_normalised_and_types_become_aliases():
@@ -63,8 +75,8 @@ def test_wildcard_and_localhost_hosts_are_normalised_and_types_become_aliases():
 
 
 @pytest.mark.parametrize("body", [b'{"not": "a string"}', json.dumps("- a list").encode()])
-def test_malformed_replies_raise_value_error(body):
-    with pytest.raises(ValueError):
+def test_malformed_replies_are_unreadable(body):
+    with pytest.raises(HeadUnreadable):
         parse_global_config(body, "http://127.0.0.1:11000")
 
 
@@ -101,7 +113,8 @@ def _resolve_error(
         seen = []
         try:
             async with aiohttp.ClientSession() as session:
-                upstreams = Upstreams({"static": "http://127.0.0.1:1"}, head_url, session, 2.0, 0)
+                head_server = HeadServer(head_url, session, 2.0, min_interval=0, busy_share=1)
+                upstreams = Upstreams({"static": "http://127.0.0.1:1"}, head_server)
                 for _ in range(2 if twice else 1):
                     try:
                         await upstreams.resolve(name)
@@ -161,9 +174,8 @@ def test_a_head_server_gone_since_it_last_answered_is_unavailable():
 
 def test_without_a_head_server_an_unknown_name_is_not_found():
     async def run() -> errors.ItemError:
-        async with aiohttp.ClientSession() as session:
-            with pytest.raises(errors.ItemError) as caught:
-                await Upstreams({"static": "http://127.0.0.1:1"}, None, session).resolve("x")
+        with pytest.raises(errors.ItemError) as caught:
+            await Upstreams({"static": "http://127.0.0.1:1"}).resolve("x")
         return caught.value
 
     error = asyncio.run(run())
@@ -173,7 +185,8 @@ def test_without_a_head_server_an_unknown_name_is_not_found():
 async def test_an_unreachable_head_server_is_one_readable_line_not_one_per_round(caplog):
     head = f"http://127.0.0.1:{closed_port()}"
     async with aiohttp.ClientSession() as session:
-        tables = Upstreams({}, head, session), Upstreams({}, head, session, kind=AGENTS)
+        head_server = HeadServer(head, session)
+        tables = Upstreams({}, head_server), Upstreams({}, head_server, kind=AGENTS)
         readiness = Readiness(
             health.aio.HealthServicer(), tables[0], session, interval=0.05, agents=tables[1]
         )

@@ -4,21 +4,21 @@ resources servers (`RESOURCES`), one for agent and environment servers (`AGENTS`
 Entries come only from configuration (`--server NAME=URL`, `--agent NAME=URL`,
 `--environment-server NAME=URL`, repeated with the same NAME for replicas) and from the NeMo
 Gym head server's `GET /global_config_dict_yaml` (one URL per instance name, read by
-`nemo_gym.head.global_servers`); the bridge never calls a URL taken from a request.
+`discovery.HeadServer`); the bridge never calls a URL taken from a request.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-import aiohttp
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.flows.discovery import HeadServer
 from nemo_gym_grpc.bridge.nemo_gym import head
 from nemo_gym_grpc.shared import reasons
 
@@ -100,10 +100,8 @@ class Upstreams:
     Args:
         static: {name: base URL or [base URL, ...]} from `--server` (several URLs = replicas
             of one server); these win over discovered entries.
-        head_url: NeMo Gym head server base URL, or None for static routing only.
-        session: the bridge's aiohttp session.
-        discovery_timeout: seconds for one `/global_config_dict_yaml` request.
-        min_rediscover_interval: seconds between re-discoveries triggered by unknown names.
+        head_server: the bridge's NeMo Gym head server (shared by its tables), or None for
+            static routing only.
         kind: what the table holds (RESOURCES or AGENTS).
         static_protocols: {name: protocol} of static entries (default: the first protocol
             of `kind.blocks`).
@@ -112,10 +110,7 @@ class Upstreams:
     def __init__(
         self,
         static: Mapping[str, str | Sequence[str]],
-        head_url: str | None,
-        session: aiohttp.ClientSession,
-        discovery_timeout: float = 5.0,
-        min_rediscover_interval: float = 1.0,
+        head_server: HeadServer | None = None,
         *,
         kind: Kind = RESOURCES,
         static_protocols: Mapping[str, str] | None = None,
@@ -127,36 +122,46 @@ class Upstreams:
             name: (static_protocols or {}).get(name, default_protocol) for name in self._static
         }
         self._discovered: dict[str, tuple[str, str]] = {}
-        self.head_url = head_url.rstrip("/") if head_url else None
-        self._session = session
-        self._timeout = discovery_timeout
-        self._interval = min_rediscover_interval
-        self._last_discovery = -float("inf")
-        self._lock = asyncio.Lock()
-        # Why the last discovery failed ("ExceptionType: message"), None after a success.
-        self.discovery_error: str | None = None
-        # Whether a discovery has succeeded.
-        self.discovered = False
+        self._refused: dict[str, str] = {}  # name -> why its head-server entry is refused
+        self._listed_from: dict[Any, Any] | None = None
+        self.head_server = head_server
+        self.head_url = head_server.url if head_server else None
         self._repeats = Repeats()
 
-    async def discover(self) -> dict[str, str]:
-        """Fetch the head server's config and replace the discovered entries.
+    @property
+    def discovery_error(self) -> str | None:
+        """Why the last read of the head server failed ("ExceptionType: message"), None
+        after a success or without a head server."""
+        return self.head_server.error if self.head_server else None
 
-        Returns the discovered {name: base URL}. Raises aiohttp.ClientError, TimeoutError or
-        ValueError when the head server cannot be read (kept in `discovery_error`).
+    @property
+    def discovered(self) -> bool:
+        """Whether the routes of a head-server read are in the table."""
+        return self._listed_from is not None
+
+    async def discover(self) -> dict[str, str]:
+        """Read the head server's config (`HeadServer.read`: at a bounded rate) and replace the
+        discovered entries; entries whose address is refused are logged (once per cause).
+
+        Returns the discovered {name: base URL}. Raises head.HeadUnreadable when the head
+        server cannot be read (`discovery_error` says why); the last routes stay.
         """
-        if not self.head_url:
+        if self.head_server is None:
             return {}
-        self._last_discovery = time.monotonic()
-        try:
-            self._discovered = await head.global_servers(
-                self._session, self.head_url, self._timeout, self.kind.blocks
-            )
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            self.discovery_error = f"{type(exc).__name__}: {exc}"
-            raise
-        self.discovery_error = None
-        self.discovered = True
+        config = await self.head_server.read()
+        if config is not self._listed_from:
+            listing = head.list_servers(config, self.head_server.url, self.kind.blocks)
+            self._discovered, self._refused = listing.found, listing.refused
+            self._listed_from = config
+            for name, why in self._refused.items():
+                if self._repeats.due(f"refused {name}", why):
+                    log.warning(
+                        "%s %r in the head server's config is refused: %s",
+                        self.kind.noun,
+                        name[:100],
+                        why,
+                        extra={"event": "route_refused", self.kind.log_field: name[:100]},
+                    )
         return {name: url for name, (url, _) in self._discovered.items()}
 
     def get(self, name: str) -> list[str] | None:
@@ -174,46 +179,55 @@ class Upstreams:
         return route[1] if route else ""
 
     async def resolve(self, name: str) -> list[str]:
-        """The base URLs (one or more replicas) for `name`, re-discovering once when it is
-        unknown (at most once per `min_rediscover_interval`; logged at INFO).
+        """The base URLs (one or more replicas) for `name`, reading the head server again when
+        it is unknown (at the rate `HeadServer` allows; logged at INFO).
 
         Raises:
             errors.ItemError: UNAVAILABLE / HEAD_SERVER_UNAVAILABLE when `name` is unknown
                 and the head server could not be read the last time it was asked (the name
-                may be there; `discoveryError` says why); NOT_FOUND / `kind.unknown_reason`
-                (UNKNOWN_RESOURCES_SERVER, UNKNOWN_AGENT) when the head server answered
-                without it, or there is no head server. Both name the known servers.
+                may be there; `discoveryError` says why); FAILED_PRECONDITION /
+                UPSTREAM_ADDRESS_REFUSED when its head-server entry's address is refused
+                (`why` says how); NOT_FOUND / `kind.unknown_reason` (UNKNOWN_RESOURCES_SERVER,
+                UNKNOWN_AGENT) when the head server answered without it, or there is no head
+                server. The first and last name the known servers.
         """
-        noun, key = self.kind.noun, self.kind.field
         urls = self.get(name)
         if urls:
             return urls
-        if self.head_url:
-            async with self._lock:
-                urls = self.get(name)
-                if urls:
-                    return urls
-                if time.monotonic() - self._last_discovery >= self._interval:
-                    log.info(
-                        "%s %r is unknown: discovering from the head server %s",
-                        noun,
-                        name[:100],
-                        self.head_url,
-                        extra={"event": "rediscovery", self.kind.log_field: name[:100]},
-                    )
-                    try:
-                        found = await self.discover()
-                    except (aiohttp.ClientError, TimeoutError, ValueError):
-                        why = self.discovery_error or ""
-                        if self._repeats.due(self.head_url, why):
-                            log.warning("re-discovery from %s failed: %s", self.head_url, why)
-                    else:
-                        log.info("re-discovery found %d %ss", len(found), noun)
-                urls = self.get(name)
-                if urls:
-                    return urls
+        if self.head_server is not None:
+            await self._rediscover(name)
+            urls = self.get(name)
+            if urls:
+                return urls
+        raise self._unknown(name)
+
+    async def _rediscover(self, name: str) -> None:
+        """Read the head server again for unknown `name`; a failure is logged (once per
+        cause), not raised."""
+        assert self.head_server is not None
+        fresh = self.head_server.due()
+        if fresh:
+            log.info(
+                "%s %r is unknown: discovering from the head server %s",
+                self.kind.noun,
+                name[:100],
+                self.head_url,
+                extra={"event": "rediscovery", self.kind.log_field: name[:100]},
+            )
+        try:
+            found = await self.discover()
+        except head.HeadUnreadable as exc:
+            if self._repeats.due(self.head_server.url, str(exc)):
+                log.warning("re-discovery from %s failed: %s", self.head_url, exc)
+        else:
+            if fresh:
+                log.info("re-discovery found %d %ss", len(found), self.kind.noun)
+
+    def _unknown(self, name: str) -> errors.ItemError:
+        """The failure of an item for `name`, which has no route (see `resolve`)."""
+        noun = self.kind.noun
         known = ", ".join(sorted(self.names())) or "none"
-        failed = self.discovery_error if self.head_url else None
+        failed = self.discovery_error
         if failed:
             error = errors.ItemError(
                 code_pb2.UNAVAILABLE,
@@ -221,7 +235,16 @@ class Upstreams:
                 f"{noun} {name[:100]!r} is not known and the head server "
                 f"{self.head_url} could not be read: {failed}; known: {known}",
                 discoveryError=failed,
-                headUrl=self.head_url,
+                headUrl=self.head_url or "",
+            )
+        elif name in self._refused:
+            error = errors.ItemError(
+                code_pb2.FAILED_PRECONDITION,
+                reasons.UPSTREAM_ADDRESS_REFUSED,
+                f"{noun} {name[:100]!r} is listed by the head server {self.head_url} with an "
+                f"address the bridge refuses: {self._refused[name]}",
+                why=self._refused[name],
+                headUrl=self.head_url or "",
             )
         else:
             error = errors.ItemError(
@@ -229,8 +252,8 @@ class Upstreams:
                 self.kind.unknown_reason,
                 f"unknown {noun} {name[:100]!r}; known: {known}",
             )
-        error.metadata[key] = errors.utf8_text(name[:100])
-        raise error
+        error.metadata[self.kind.field] = errors.utf8_text(name[:100])
+        return error
 
     def names(self) -> set[str]:
         """Every routable name."""

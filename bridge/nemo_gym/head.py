@@ -1,34 +1,40 @@
 """The head server's `GET /global_config_dict_yaml`: where each resources server, agent server
-and environment server listens."""
+and environment server listens.
+
+The reply is data from outside: it is read with a size limit and without following redirects,
+parsed with PyYAML's safe loader (its C version where PyYAML has one), and every server entry
+is checked before it becomes a route (`check_address`): a bad entry is refused by itself, the
+others still route.
+"""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 import yaml
 
-from nemo_gym_grpc.bridge.nemo_gym.http import exact_timeout
+from nemo_gym_grpc.bridge.nemo_gym.http import exact_timeout, read_capped
+from nemo_gym_grpc.bridge.nemo_gym.plain_http import TooLarge
+from nemo_gym_grpc.shared.contract import MiB
 
 GLOBAL_CONFIG_PATH = "/global_config_dict_yaml"
+# Largest head-server reply read, bytes (a config of a hundred servers is about 100 KB).
+MAX_CONFIG_BYTES = 16 * MiB
 
 # Hosts a server binds to that are not addresses to call.
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
-
-
-def _base_url(host: str, port: int | str, head_host: str) -> str:
-    host = str(host).strip("[]")
-    if host in _WILDCARD_HOSTS:
-        host = head_host
-    if host == "localhost":
-        host = "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{int(port)}"
-
+# A DNS name: dot-separated labels of letters, digits, '-' and '_' (container and k8s names).
+_HOSTNAME = re.compile(
+    r"(?=.{1,253}\Z)[A-Za-z0-9_][A-Za-z0-9_-]{0,62}(\.[A-Za-z0-9_-]{1,63})*\.?\Z"
+)
+_SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # The protocols the bridge speaks to a server found in the head server's config: "" for a
 # resources server, AGENT (a flat row to `/run`, `run.py`) or ENVIRONMENT (an episode to
@@ -43,55 +49,117 @@ AGENT_SERVERS = {"responses_api_agents": AGENT, "environment_servers": ENVIRONME
 ROW_RUN_ENVIRONMENT_SERVERS = frozenset({"legacy_agent", "single_agent_turn_legacy"})
 
 
-def parse_servers(
-    body: bytes | str, head_url: str, blocks: Mapping[str, str]
-) -> dict[str, tuple[str, str]]:
-    """The servers of the kinds in `blocks` in the head server's `/global_config_dict_yaml`
-    reply.
+class HeadUnreadable(Exception):
+    """The head server's config could not be read: the GET failed (connection, timeout,
+    non-200 status, a redirect, a reply over MAX_CONFIG_BYTES) or its body is not NeMo Gym's
+    global config. The message says which, in one line."""
+
+
+def check_address(host: Any, port: Any) -> tuple[str, int]:
+    """`host` and `port` of a server to dial, checked: the host an IP address or a DNS name
+    and nothing else (no scheme, path, user or port in it; IPv6 with or without brackets),
+    the port an integer 1-65535 (digits in a string count).
+
+    Returns:
+        (host without brackets, port).
+
+    Raises:
+        ValueError: saying what is wrong, e.g. "port [1, 2] is not an integer 1-65535".
+    """
+    if isinstance(port, str) and port.isdigit():
+        port = int(port)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port {str(port)[:40]!r} is not an integer 1-65535")
+    if not isinstance(host, str):
+        raise ValueError(f"host {str(host)[:40]!r} is not a text")
+    text = host
+    bare = text.strip("[]") if text.startswith("[") and text.endswith("]") else text
+    try:
+        return str(ipaddress.ip_address(bare)), port
+    except ValueError:
+        pass
+    if not _HOSTNAME.match(bare):
+        raise ValueError(f"host {text[:60]!r} is not an IP address or a DNS name")
+    return bare, port
+
+
+def base_url(host: str, port: int, scheme: str = "http") -> str:
+    """`scheme://host:port` for a checked host (IPv6 in brackets)."""
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def load_config(body: bytes | str) -> dict[Any, Any]:
+    """NeMo Gym's global config from a `/global_config_dict_yaml` reply body.
 
     The reply is double encoded: a JSON string literal whose value is the YAML text of NeMo
-    Gym's global config (`OmegaConf.to_yaml`). Servers sit at
-    `<instance>.<block>.<type>.{host,port}` (block e.g. `resources_servers`,
+    Gym's global config (`OmegaConf.to_yaml`).
+
+    Raises:
+        HeadUnreadable: the body is not a JSON string, its YAML does not load with the safe
+            loader (tags such as `!!python/object` are refused, never run), or is no mapping.
+    """
+    try:
+        text = json.loads(body)
+        if not isinstance(text, str):
+            raise HeadUnreadable("global_config_dict_yaml reply is not a JSON string")
+        config = yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a safe loader
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        why = f"global config does not parse: {type(exc).__name__}: {first}"
+        raise HeadUnreadable(why) from None
+    if not isinstance(config, dict):
+        raise HeadUnreadable("global config YAML is not a mapping")
+    return config
+
+
+@dataclass
+class Listing:
+    """The servers of some blocks of a global config.
+
+    Attributes:
+        found: {name: (base URL, protocol)}, e.g. {"mcqa": ("http://127.0.0.1:18001", "")}.
+        refused: {name: why} of entries whose host or port did not pass `check_address`.
+    """
+
+    found: dict[str, tuple[str, str]] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def list_servers(config: Mapping[Any, Any], head_url: str, blocks: Mapping[str, str]) -> Listing:
+    """The servers of the kinds in `blocks` in a global config (`load_config`).
+
+    Servers sit at `<instance>.<block>.<type>.{host,port}` (block e.g. `resources_servers`,
     `responses_api_agents`, `environment_servers`). Each is registered under its instance
     name (NeMo Gym's own routing key) and, when no other entry claims it, under `<type>` too
     (what axolotl's seed used). Wildcard hosts (0.0.0.0, ::) become the head server's host and
-    `localhost` becomes 127.0.0.1.
+    `localhost` becomes 127.0.0.1. Entries without a host or port (not started) are left out.
 
     Args:
         blocks: {block name: protocol}; each server found is returned with its block's
             protocol (e.g. AGENT_SERVERS), except that an `environment_servers` entry of a
             type in ROW_RUN_ENVIRONMENT_SERVERS gets the `responses_api_agents` block's protocol.
-
-    Returns:
-        {name: (base URL, protocol)}, e.g. {"mcqa": ("http://127.0.0.1:18001", "")}.
-
-    Raises:
-        ValueError: the body is not a JSON string or YAML mapping of that shape.
     """
-    text = json.loads(body)
-    if not isinstance(text, str):
-        raise ValueError("global_config_dict_yaml reply is not a JSON string")
-    config: Any = yaml.safe_load(text)
-    if not isinstance(config, dict):
-        raise ValueError("global config YAML is not a mapping")
     head_host = urlsplit(head_url).hostname or "127.0.0.1"
-    by_instance: dict[str, tuple[str, str]] = {}
+    listing = Listing()
     by_type: dict[str, set[tuple[str, str]]] = {}
     for instance, server_type, route in _listed(config, blocks, head_host):
-        by_instance[instance] = route
+        if isinstance(route, str):
+            listing.refused[instance] = route
+            continue
+        listing.found[instance] = route
         by_type.setdefault(server_type, set()).add(route)
-    found = dict(by_instance)
     for server_type, routes in by_type.items():
-        if server_type not in found and len(routes) == 1:
-            found[server_type] = next(iter(routes))
-    return found
+        if server_type not in listing.found and server_type not in listing.refused:
+            if len(routes) == 1:
+                listing.found[server_type] = next(iter(routes))
+    return listing
 
 
 def _listed(
-    config: dict[Any, Any], blocks: Mapping[str, str], head_host: str
-) -> Iterator[tuple[str, str, tuple[str, str]]]:
-    """(instance name, server type, (base URL, protocol)) of each server of `blocks` in the
-    global config that has a host and a port."""
+    config: Mapping[Any, Any], blocks: Mapping[str, str], head_host: str
+) -> Iterator[tuple[str, str, tuple[str, str] | str]]:
+    """(instance name, server type, (base URL, protocol) or why it is refused) of each server
+    of `blocks` in the global config that has a host and a port."""
     for instance, block in config.items():
         if not isinstance(block, dict):
             continue
@@ -102,7 +170,7 @@ def _listed(
             for server_type, server in servers.items():
                 if not isinstance(server, dict) or server.get("host") is None:
                     continue
-                if not server.get("port"):
+                if server.get("port") is None:
                     continue
                 found = protocol
                 if (
@@ -110,33 +178,41 @@ def _listed(
                     and server_type in ROW_RUN_ENVIRONMENT_SERVERS
                 ):
                     found = blocks.get("responses_api_agents", protocol)
-                url = _base_url(server["host"], server["port"], head_host)
-                yield str(instance), str(server_type), (url, found)
+                yield str(instance), str(server_type), _route(server, head_host, found)
 
 
-def parse_global_config(body: bytes | str, head_url: str) -> dict[str, str]:
-    """The resources servers in a `/global_config_dict_yaml` reply (see `parse_servers`):
-    {name: base URL}, e.g. {"mcqa": "http://127.0.0.1:18001"}. Raises ValueError as it."""
-    found = parse_servers(body, head_url, RESOURCES_SERVERS)
-    return {name: url for name, (url, _) in found.items()}
+def _route(server: Mapping[Any, Any], head_host: str, protocol: str) -> tuple[str, str] | str:
+    """(base URL, protocol) of one config entry, or why its address is refused."""
+    host = server["host"]
+    if isinstance(host, str) and host.strip("[]") in _WILDCARD_HOSTS:
+        host = head_host
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        checked, port = check_address(host, server["port"])
+    except ValueError as exc:
+        return str(exc)
+    return base_url(checked, port), protocol
 
 
-async def global_servers(
-    session: aiohttp.ClientSession, head_url: str, timeout: float, blocks: Mapping[str, str]
-) -> dict[str, tuple[str, str]]:
-    """GET the head server's `/global_config_dict_yaml` and parse the servers of `blocks`
-    from it (`parse_servers`).
+async def read_config(session: aiohttp.ClientSession, head_url: str, timeout: float) -> bytes:
+    """GET the head server's `/global_config_dict_yaml` body (redirects are not followed).
 
     Args:
         head_url: the head server's base URL, no trailing slash.
         timeout: seconds for the request.
 
     Raises:
-        aiohttp.ClientError (a non-200 status included), TimeoutError, ValueError.
+        HeadUnreadable: no 200 reply within `timeout`, a 3xx (naming where it pointed), or a
+            body over MAX_CONFIG_BYTES.
     """
-    async with session.get(
-        f"{head_url}{GLOBAL_CONFIG_PATH}", timeout=exact_timeout(timeout)
-    ) as reply:
-        reply.raise_for_status()
-        body = await reply.read()
-    return parse_servers(body, head_url, blocks)
+    url = f"{head_url}{GLOBAL_CONFIG_PATH}"
+    try:
+        async with session.get(url, timeout=exact_timeout(timeout), allow_redirects=False) as reply:
+            if 300 <= reply.status < 400:
+                where = reply.headers.get("Location", "")[:200]
+                raise HeadUnreadable(f"{url} answered {reply.status}, a redirect to {where!r}")
+            reply.raise_for_status()
+            return await read_capped(reply, MAX_CONFIG_BYTES)
+    except (aiohttp.ClientError, TimeoutError, TooLarge) as exc:
+        raise HeadUnreadable(f"{type(exc).__name__}: {exc}") from exc

@@ -186,13 +186,13 @@ async def _aiohttp_post(
     async with client.session.post(
         url, data=body, headers=headers, timeout=exact_timeout(timeout), allow_redirects=False
     ) as reply:
-        raw = await _read_capped(reply, client.max_reply_bytes)
+        raw = await read_capped(reply, client.max_reply_bytes)
         seconds = time.monotonic() - started
         report = reports.bounded(reply.headers.get(reports.HEADER))
         return Reply(reply.status, raw, reply.headers.getall("Set-Cookie", []), seconds, report)
 
 
-async def _read_capped(reply: aiohttp.ClientResponse, limit: int) -> bytes:
+async def read_capped(reply: aiohttp.ClientResponse, limit: int) -> bytes:
     """The body of `reply` (decompressed by aiohttp, in bounded pieces), at most `limit` bytes
     by its Content-Length and by what was read.
 

@@ -22,6 +22,7 @@ import aiohttp
 from grpc_health.v1 import health, health_pb2
 
 from nemo_gym_grpc.bridge.flows.upstreams import Repeats, Upstreams
+from nemo_gym_grpc.bridge.nemo_gym.head import HeadUnreadable
 from nemo_gym_grpc.bridge.nemo_gym.http import answers
 from nemo_gym_grpc.shared.contract import ROLLOUT_SERVICE, VERIFY_SERVICE
 
@@ -103,7 +104,7 @@ class Readiness:
                 continue
             try:
                 found = await table.discover()
-            except (aiohttp.ClientError, TimeoutError, ValueError):
+            except HeadUnreadable:
                 unreadable[table.head_url] = table.discovery_error or ""
                 continue
             log.info("discovered from %s: %s", table.head_url, found or f"no {table.kind.noun}s")

@@ -18,6 +18,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from nemo_gym_grpc.bridge.flows.discovery import HeadServer
 from nemo_gym_grpc.bridge.flows.run import Runner
 from nemo_gym_grpc.bridge.flows.upstreams import AGENTS, Upstreams
 from nemo_gym_grpc.bridge.flows.verify import Verifier
@@ -185,12 +186,12 @@ def _routing_tables(
     config: BridgeConfig, session: aiohttp.ClientSession
 ) -> tuple[Upstreams, Upstreams]:
     """The RESOURCES table (`--server`) and the AGENTS table (`--agent`,
-    `--environment-server`), both discovering from `--head-url`."""
-    upstreams = Upstreams(config.servers, config.head_url, session)
+    `--environment-server`), both discovering from `--head-url` (one read serves both)."""
+    head_server = HeadServer(config.head_url, session) if config.head_url else None
+    upstreams = Upstreams(config.servers, head_server)
     agents = Upstreams(
         {**config.agents, **config.environment_servers},
-        config.head_url,
-        session,
+        head_server,
         kind=AGENTS,
         static_protocols={
             **{name: AGENT for name in config.agents},

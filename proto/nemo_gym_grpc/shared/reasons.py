@@ -17,6 +17,9 @@ UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
 UPSTREAM_TIMEOUT = "UPSTREAM_TIMEOUT"
 UPSTREAM_HTTP_ERROR = "UPSTREAM_HTTP_ERROR"
 UPSTREAM_BAD_REPLY = "UPSTREAM_BAD_REPLY"
+# A server the bridge will not dial: its head-server entry's host or port is malformed, or its
+# address is on the deny list (`--deny-upstream`).
+UPSTREAM_ADDRESS_REFUSED = "UPSTREAM_ADDRESS_REFUSED"
 # A reply body over the bridge's `--max-reply-mb`, as sent or as decompressed.
 UPSTREAM_REPLY_TOO_LARGE = "UPSTREAM_REPLY_TOO_LARGE"
 UPSTREAM_JUDGE_FAILED = "UPSTREAM_JUDGE_FAILED"
