@@ -47,6 +47,21 @@ def utf8_text(text: str) -> str:
     return _LONE_SURROGATE.sub("\ufffd", text)
 
 
+# Most characters of an upstream's own text (a reply body, an error) put into a message.
+UPSTREAM_TEXT_CHARS = 300
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def upstream_text(raw: bytes | str, limit: int = UPSTREAM_TEXT_CHARS) -> str:
+    """Text an upstream sent, fit for an error message and a log line: its first `limit`
+    characters (bytes decoded as UTF-8, undecodable ones replaced), control characters
+    escaped (`\\n`, `\\x1b`), "..." when cut."""
+    text = raw[: limit * 4].decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    cut = len(text) > limit
+    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text[:limit])
+    return utf8_text(text) + ("..." if cut else "")
+
+
 class ItemError(Exception):
     """One item could not be scored.
 
@@ -119,13 +134,12 @@ def run_status_error(status: int, url: str, body: bytes) -> ItemError:
     """Map an agent's or environment server's non-200 reply to a `/run` to a final error:
     4xx -> INVALID_ARGUMENT (the rollout as sent was refused), anything else -> INTERNAL
     (5xx: the rollout may have run and failed; a retry would run it again). Reason
-    UPSTREAM_HTTP_ERROR; the message holds the first 200 bytes of the body."""
+    UPSTREAM_HTTP_ERROR; the message holds the start of the body (`upstream_text`)."""
     code = code_pb2.INVALID_ARGUMENT if 400 <= status < 500 else code_pb2.INTERNAL
-    snippet = body[:200].decode("utf-8", "replace")
     return ItemError(
         code,
         UPSTREAM_HTTP_ERROR,
-        f"{url} answered HTTP {status}: {snippet}",
+        f"{url} answered HTTP {status}: {upstream_text(body)}",
         retryable=False,
         httpStatus=status,
         upstreamUrl=url,
@@ -141,7 +155,7 @@ def http_status_error(
     502/503/504 -> UNAVAILABLE, 429 -> RESOURCE_EXHAUSTED, 400/422 -> INVALID_ARGUMENT,
     401 -> UNAUTHENTICATED, 403 -> PERMISSION_DENIED, 404/405 -> UNIMPLEMENTED (no `/verify`
     there), other 4xx -> INVALID_ARGUMENT, other 5xx and anything else -> INTERNAL.
-    The message holds the first 200 bytes of the upstream body. Retryable: the UNAVAILABLE
+    The message holds the start of the upstream body (`upstream_text`). Retryable: the UNAVAILABLE
     and RESOURCE_EXHAUSTED ones, and 500 (NeMo Gym's answer when its verify code raises,
     e.g. because a judge model it calls failed for a moment); other 5xx are not.
     """
@@ -159,11 +173,10 @@ def http_status_error(
         code = code_pb2.INVALID_ARGUMENT
     else:
         code = code_pb2.INTERNAL
-    snippet = body[:200].decode("utf-8", "replace")
     return ItemError(
         code,
         reason,
-        f"{url} answered HTTP {status}: {snippet}",
+        f"{url} answered HTTP {status}: {upstream_text(body)}",
         retryable=code in RETRYABLE_CODES or status == 500,
         httpStatus=status,
         upstreamUrl=url,

@@ -102,6 +102,16 @@ def test_the_process_exits_2_on_a_bad_value():
         ("--listen", "::1:50051"),  # IPv6 needs brackets
         ("--head-url", "127.0.0.1:28013"),  # no scheme: refused like a --server URL
         ("--head-url", "ftp://127.0.0.1:28013"),
+        ("--head-url", "http://127.0.0.1:abc"),
+        ("--server", "mcqa=http://127.0.0.1:abc"),
+        ("--server", "mcqa=http://127.0.0.1:70000"),
+        ("--server", "mcqa=http://127.0.0.1:0"),
+        ("--server", "mcqa=http://user@127.0.0.1:9"),
+        ("--server", "mcqa=http://127.0.0.1:9/verify?x=1"),
+        ("--server", "mcqa=http://a b:9"),
+        ("--agent", "a=http://127.0.0.1:abc"),
+        ("--deny-upstream", "10.0.0.0/40"),
+        ("--allow-upstream", "cluster"),
     ],
 )
 def test_serve_refuses_bad_values(main, flag, value):
@@ -214,6 +224,8 @@ def rows_file(tmp_path: Path) -> Path:
         ("--timeout", "inf"),
         ("--batch-size", "0"),
         ("--concurrency", "0"),
+        ("--server", "mcqa=http://127.0.0.1:abc"),  # was accepted: every row failed, exit 0
+        ("--server", "mcqa=http://127.0.0.1:99999"),
     ],
 )
 def test_score_refuses_bad_values(main, tmp_path, flag, value):
@@ -360,7 +372,7 @@ def test_help_names_every_flag_and_its_variable(main):
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())  # argparse wraps lines
     flags = [*BridgeConfig.flags(), *PROCESS_FLAGS]
-    assert len(flags) == 41
+    assert len(flags) == 43
     for flag in flags:
         assert flag.name in text
         assert f"[env: {flag.env_var}" in text

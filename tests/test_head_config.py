@@ -188,3 +188,32 @@ def _listed_after_refresh(stub, verify_pb2) -> list[str]:
 
     wait_until(listed, 10, "the fixed config listed")
     return names
+
+
+async def test_a_server_that_moved_takes_items_again_once_the_head_server_lists_it_there():
+    from nemo_gym_grpc.v1 import verify_pb2
+    from tests.support import closed_port
+    from tests.support.verifiers import verifier_for
+
+    def item(request_id: str) -> verify_pb2.VerifyRequest:
+        return verify_pb2.VerifyRequest(request_id=request_id, resources_server="h", completion="B")
+
+    gone = {"host": "127.0.0.2", "port": closed_port()}
+    with CannedServer("127.0.0.4") as headsrv, CannedServer("127.0.0.3") as moved:
+        moved.answer("POST /verify", canned(200, b'{"reward": 1.0}'))
+        headsrv.answer(CONFIG_PATH, config_reply(servers(h=gone)))
+        async with aiohttp.ClientSession() as session:
+            head_server = HeadServer(headsrv.url, session, 2.0, min_interval=0.2, busy_share=1)
+            verifier = verifier_for(Upstreams({}, head_server), session)
+            before = await verifier.verify(item("before"), None)
+            port = int(moved.url.rsplit(":", 1)[1])
+            headsrv.answer(
+                CONFIG_PATH, config_reply(servers(h={"host": "127.0.0.3", "port": port}))
+            )
+            await asyncio.sleep(0.3)  # the next read is due
+            first = await verifier.verify(item("first"), None)
+            after = await verifier.verify(item("after"), None)
+    assert before.error.code == code_pb2.UNAVAILABLE  # refused, nowhere else to go yet
+    assert first.reward == 1.0 and after.reward == 1.0, (first, after)
+    assert moved.seen.count("POST /verify") == 2, moved.seen
+    assert headsrv.seen.count(CONFIG_PATH) == 2  # at the first item, and once it was refused

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from nemo_gym_grpc.bridge.nemo_gym import plain_http
+from nemo_gym_grpc.bridge.nemo_gym import framing, plain_http
 from tests.support.fault_proxy import Fault, FaultProxy
 
 REPLY = b'{"reward": 1.0, "text": "' + b"x" * 5000 + b'"}'
@@ -210,9 +210,9 @@ async def test_concurrent_requests_each_get_their_own_reply(proxy: FaultProxy) -
 
 def test_header_injection_is_refused() -> None:
     with pytest.raises(ValueError, match="CR, LF"):
-        plain_http.request_head(b"/verify", b"h", [("Cookie", "a=b\r\nX-Evil: 1")], 2)
+        framing.request_head(b"/verify", b"h", [("Cookie", "a=b\r\nX-Evil: 1")], 2)
     with pytest.raises(ValueError, match="plain-HTTP"):
-        plain_http.split_url("https://example.invalid/verify")
+        framing.split_url("https://example.invalid/verify")
 
 
 async def test_a_large_body_is_read_whole_and_an_endless_head_is_refused() -> None:
@@ -225,7 +225,8 @@ async def test_a_large_body_is_read_whole_and_an_endless_head_is_refused() -> No
                 if b"/big" in head:
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big) + big)
                 else:
-                    writer.write(b"HTTP/1.1 200 OK\r\nX-Filler: " + b"y" * 100_000 + b"\r\n")
+                    filler = b"y" * (framing.MAX_HEAD_BYTES + 1000)  # one line, never ended
+                    writer.write(b"HTTP/1.1 200 OK\r\nX-Filler: " + filler)
                 await writer.drain()
         writer.close()
 

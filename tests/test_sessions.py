@@ -240,7 +240,7 @@ async def test_the_typed_seed_and_close_the_bridge_builds_are_accepted_by_the_re
         seeded = await http.post(client, url + "/seed_session", typed, timeout=10, request_id="t")
         assert seeded.status == 200, seeded.body
         assert json.loads(seeded.body)["resources_session_id"] == opened.session_id
-        cookie = sessions.cookie_header(seeded.cookies)
+        cookie = sessions.cookie_header(seeded.set_cookies, url)
         assert cookie
         body = sessions.close_body(opened.session_id, opened.episode)
         closed = await http.post(

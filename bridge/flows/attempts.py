@@ -132,6 +132,16 @@ class Attempts:
         self.number = 0
         self.tried: list[str] = []
 
+    def reroute(self, urls: list[str]) -> None:
+        """Make the next attempts go to `urls` (not empty): the server's URLs after a replica
+        refused a connection (`Upstreams.moved`). Attempts made still count."""
+        self._urls = urls
+
+    @property
+    def urls(self) -> list[str]:
+        """The replicas' base URLs the attempts go to."""
+        return self._urls
+
     def next(self) -> Replica:
         """The replica of the next attempt: one not tried yet first (`Balancer.pick`)."""
         self.number += 1

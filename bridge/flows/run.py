@@ -161,6 +161,8 @@ class Runner:
                                 replica, tries.number, request, checked, protocol, deadline, queued
                             )
                         except errors.ItemError as exc:
+                            if isinstance(exc, Refused):
+                                tries.reroute(await self.agents.moved(name, tries.urls))
                             await tries.again(exc, _not_started(exc))  # raises it when final
                             log.info(
                                 "retrying rollout request_id=%r on %s (%s): it did not start",

@@ -96,8 +96,8 @@ def read(
     `status_error(status, url, body)`.
 
     Raises:
-        errors.ItemError: the status error or the reader's, with the call's latency and the
-            reply's failure report (`reports.attach`).
+        errors.ItemError: the status error or the reader's, with the call's latency, the
+            reply's failure report (`reports.attach`) and, for a 3xx, where it pointed.
     """
     try:
         if reply.status != 200:
@@ -106,4 +106,8 @@ def read(
     except errors.ItemError as exc:
         exc.latency_seconds = reply.seconds
         reports.attach(exc, reply.failure_report)
+        if reply.location and 300 <= reply.status < 400:  # not followed: say where it pointed
+            where = errors.upstream_text(reply.location, 200)
+            exc.message += f"; a redirect to {where}, not followed"
+            exc.metadata["redirectLocation"] = where
         raise

@@ -201,6 +201,25 @@ class Upstreams:
                 return urls
         raise self._unknown(name)
 
+    async def moved(self, name: str, urls: list[str]) -> list[str]:
+        """The URLs of `name` after one of `urls` refused a connection: when `name` came from
+        the head server, it is read again (at the rate `HeadServer` allows), so a server that
+        restarted elsewhere takes items once the head server lists it there. Returns its URLs
+        now; `urls` when it is static, no longer listed, or the read failed or was not due.
+        """
+        if name in self._static or self.head_server is None or not self.head_server.due():
+            return urls
+        try:
+            await self.discover()
+        except head.HeadUnreadable:
+            return urls
+        now = self.get(name) or urls
+        if now != urls:
+            log.info(
+                "%s %r moved: %s -> %s", self.kind.noun, name[:100], ", ".join(urls), ", ".join(now)
+            )
+        return now
+
     async def _rediscover(self, name: str) -> None:
         """Read the head server again for unknown `name`; a failure is logged (once per
         cause), not raised."""

@@ -153,6 +153,8 @@ class Verifier:
             try:
                 return await self._attempt(replica, tries.number, call, deadline)
             except errors.ItemError as exc:
+                if isinstance(exc, Refused):
+                    tries.reroute(await self.upstreams.moved(name, tries.urls))
                 await tries.again(exc)  # raises it when it is final
                 self.metrics.retry(name, exc.reason)
 
@@ -250,13 +252,13 @@ class Verifier:
                 raise errors.http_status_error(
                     seeded.status, base + SEED_PATH, seeded.body, reasons.UPSTREAM_SESSION_FAILED
                 )
+            return sessions.cookie_header(seeded.set_cookies, base + SEED_PATH)
         except errors.ItemError as exc:
             exc.reason = reasons.UPSTREAM_SESSION_FAILED
             sent = not isinstance(exc, (Refused, attempts.NotSent))
             if sent and caps.typed_seed_only and caps.close_session:
                 self._close(base, opened, "", call)
             raise
-        return sessions.cookie_header(seeded.cookies)
 
     def _close(self, base: str, opened: sessions.Opened, cookie: str, call: _Call) -> None:
         """`/close_session` of `opened` at `base`, in the background."""

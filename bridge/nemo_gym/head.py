@@ -3,15 +3,13 @@ and environment server listens.
 
 The reply is data from outside: it is read with a size limit and without following redirects,
 parsed with PyYAML's safe loader (its C version where PyYAML has one), and every server entry
-is checked before it becomes a route (`check_address`): a bad entry is refused by itself, the
+is checked before it becomes a route (`shared.addresses`): a bad entry is refused by itself, the
 others still route.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +20,7 @@ import yaml
 
 from nemo_gym_grpc.bridge.nemo_gym.http import exact_timeout, read_capped
 from nemo_gym_grpc.bridge.nemo_gym.plain_http import TooLarge
+from nemo_gym_grpc.shared.addresses import base_url, check_host, check_port
 from nemo_gym_grpc.shared.contract import MiB
 
 GLOBAL_CONFIG_PATH = "/global_config_dict_yaml"
@@ -30,10 +29,6 @@ MAX_CONFIG_BYTES = 16 * MiB
 
 # Hosts a server binds to that are not addresses to call.
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
-# A DNS name: dot-separated labels of letters, digits, '-' and '_' (container and k8s names).
-_HOSTNAME = re.compile(
-    r"(?=.{1,253}\Z)[A-Za-z0-9_][A-Za-z0-9_-]{0,62}(\.[A-Za-z0-9_-]{1,63})*\.?\Z"
-)
 _SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # The protocols the bridge speaks to a server found in the head server's config: "" for a
@@ -53,39 +48,6 @@ class HeadUnreadable(Exception):
     """The head server's config could not be read: the GET failed (connection, timeout,
     non-200 status, a redirect, a reply over MAX_CONFIG_BYTES) or its body is not NeMo Gym's
     global config. The message says which, in one line."""
-
-
-def check_address(host: Any, port: Any) -> tuple[str, int]:
-    """`host` and `port` of a server to dial, checked: the host an IP address or a DNS name
-    and nothing else (no scheme, path, user or port in it; IPv6 with or without brackets),
-    the port an integer 1-65535 (digits in a string count).
-
-    Returns:
-        (host without brackets, port).
-
-    Raises:
-        ValueError: saying what is wrong, e.g. "port [1, 2] is not an integer 1-65535".
-    """
-    if isinstance(port, str) and port.isdigit():
-        port = int(port)
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ValueError(f"port {str(port)[:40]!r} is not an integer 1-65535")
-    if not isinstance(host, str):
-        raise ValueError(f"host {str(host)[:40]!r} is not a text")
-    text = host
-    bare = text.strip("[]") if text.startswith("[") and text.endswith("]") else text
-    try:
-        return str(ipaddress.ip_address(bare)), port
-    except ValueError:
-        pass
-    if not _HOSTNAME.match(bare):
-        raise ValueError(f"host {text[:60]!r} is not an IP address or a DNS name")
-    return bare, port
-
-
-def base_url(host: str, port: int, scheme: str = "http") -> str:
-    """`scheme://host:port` for a checked host (IPv6 in brackets)."""
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def load_config(body: bytes | str) -> dict[Any, Any]:
@@ -118,7 +80,7 @@ class Listing:
 
     Attributes:
         found: {name: (base URL, protocol)}, e.g. {"mcqa": ("http://127.0.0.1:18001", "")}.
-        refused: {name: why} of entries whose host or port did not pass `check_address`.
+        refused: {name: why} of entries whose host or port is refused (`shared.addresses`).
     """
 
     found: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -189,10 +151,10 @@ def _route(server: Mapping[Any, Any], head_host: str, protocol: str) -> tuple[st
     if host == "localhost":
         host = "127.0.0.1"
     try:
-        checked, port = check_address(host, server["port"])
+        url = base_url(check_host(host), check_port(server["port"]))
     except ValueError as exc:
         return str(exc)
-    return base_url(checked, port), protocol
+    return url, protocol
 
 
 async def read_config(session: aiohttp.ClientSession, head_url: str, timeout: float) -> bytes:

@@ -16,14 +16,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from http.cookies import SimpleCookie
 from urllib.parse import quote
 
 import aiohttp
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.nemo_gym import plain_http, reports
+from nemo_gym_grpc.bridge.nemo_gym import destinations, plain_http, reports
 from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.shared.contract import MiB
 
@@ -59,23 +58,16 @@ def request_id_header(request_id: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Reply:
     """An upstream's answer to one POST: HTTP status, body, the values of its `Set-Cookie`
-    headers, the seconds from sending the request to reading the whole body, and its failure
-    report header (`reports.bounded`; "" without one)."""
+    headers, the seconds from sending the request to reading the whole body, its failure
+    report header (`reports.bounded`; "" without one) and its `Location` header ("" without
+    one; redirects are not followed, a 3xx's error names it)."""
 
     status: int
     body: bytes
     set_cookies: list[str]
     seconds: float
     failure_report: str = ""
-
-    @property
-    def cookies(self) -> SimpleCookie:
-        """The cookies the reply set, parsed (only a `/seed_session` reply's are read, so they
-        are parsed when asked for, not for every reply)."""
-        jar = SimpleCookie()
-        for value in self.set_cookies:
-            jar.load(value)
-        return jar
+    location: str = ""
 
 
 class Client:
@@ -88,6 +80,8 @@ class Client:
         builtin: carry POSTs to `http://` URLs over `plain_http` (False: aiohttp for all).
         max_reply_bytes: most bytes of a reply body, as sent and as decompressed; a larger
             reply is not read further and its item fails (`post`).
+        policy: the addresses `plain` may connect to (the session applies its own: built by
+            `rpc.server` with the same policy).
 
     Attributes:
         session: that session.
@@ -101,11 +95,12 @@ class Client:
         *,
         builtin: bool = True,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        policy: destinations.Policy | None = None,
     ) -> None:
         self.session = session
         self.max_reply_bytes = max_reply_bytes
-        keep = (reports.HEADER,)
-        self.plain = plain_http.Client(max_reply_bytes, keep) if builtin else None
+        keep = (reports.HEADER, "Location")
+        self.plain = plain_http.Client(max_reply_bytes, keep, policy) if builtin else None
 
     async def aclose(self) -> None:
         """Close the `plain_http` connections (the session is its owner's to close)."""
@@ -141,11 +136,14 @@ async def post(
         The Reply, whatever its HTTP status.
 
     Raises:
-        errors.ItemError: DEADLINE_EXCEEDED / UPSTREAM_TIMEOUT when `timeout` passed,
-            UNAVAILABLE / UPSTREAM_UNAVAILABLE for a transport failure (`Refused` when the
-            connection was refused: nothing was sent), FAILED_PRECONDITION /
+        errors.ItemError: its `latency_seconds` the time spent. DEADLINE_EXCEEDED /
+            UPSTREAM_TIMEOUT when `timeout` passed; UNAVAILABLE / UPSTREAM_UNAVAILABLE for a
+            transport failure (`Refused` when the connection was refused: nothing was sent);
+            FAILED_PRECONDITION / UPSTREAM_ADDRESS_REFUSED for an address `destinations`
+            refuses (nothing was sent); INTERNAL / UPSTREAM_BAD_REPLY (not retried) for a
+            reply that is not HTTP/1.1 within `framing`'s limits; FAILED_PRECONDITION /
             UPSTREAM_REPLY_TOO_LARGE (not retried; the connection is closed) for a body over
-            `client.max_reply_bytes`; its `latency_seconds` is the time spent.
+            `client.max_reply_bytes`.
     """
     header = request_id_header(request_id)
     headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: header}
@@ -155,24 +153,33 @@ async def post(
     plain = client.plain
     try:
         if plain is not None and url.startswith("http://"):
-            got = await plain.post(url, body, headers.items(), timeout)
-            report = reports.bounded(got.kept.get(REPORT_HEADER_KEY))
-            reply = Reply(got.status, got.body, got.set_cookies, time.monotonic() - started, report)
+            reply = _reply(await plain.post(url, body, headers.items(), timeout), started)
         else:
             reply = await _aiohttp_post(client, url, body, headers, timeout, started)
     except (asyncio.TimeoutError, TimeoutError):
         error = _timed_out(url, timeout, queued)
     except plain_http.TooLarge as exc:
         error = _too_large(url, client.max_reply_bytes, exc)
+    except (destinations.Denied, aiohttp.ClientConnectorError) as exc:
+        error = _denied_or_unreachable(url, exc)
+    except (plain_http.BadReply, aiohttp.ClientResponseError) as exc:  # aiohttp's parser: 400
+        error = _bad_framing(url, exc)
     except (aiohttp.ClientError, plain_http.ConnectFailed, plain_http.Dropped) as exc:
-        error = _unreachable(url, exc)
-    except plain_http.BadReply as exc:  # (aiohttp's own: a ClientResponseError, above)
         error = _unreachable(url, exc)
     else:
         log.debug("%s: HTTP %d, %.3f s, request_id=%s", url, reply.status, reply.seconds, header)
         return reply
     error.latency_seconds = time.monotonic() - started
     raise error
+
+
+def _reply(got: plain_http.Response, started: float) -> Reply:
+    """The Reply of a `plain_http` response to a request sent at `started` (monotonic)."""
+    report = reports.bounded(got.kept.get(REPORT_HEADER_KEY))
+    seconds = time.monotonic() - started
+    return Reply(
+        got.status, got.body, got.set_cookies, seconds, report, got.kept.get("location", "")
+    )
 
 
 async def _aiohttp_post(
@@ -189,7 +196,9 @@ async def _aiohttp_post(
         raw = await read_capped(reply, client.max_reply_bytes)
         seconds = time.monotonic() - started
         report = reports.bounded(reply.headers.get(reports.HEADER))
-        return Reply(reply.status, raw, reply.headers.getall("Set-Cookie", []), seconds, report)
+        cookies = reply.headers.getall("Set-Cookie", [])
+        where = reply.headers.get("Location", "")
+        return Reply(reply.status, raw, cookies, seconds, report, where)
 
 
 async def read_capped(reply: aiohttp.ClientResponse, limit: int) -> bytes:
@@ -241,16 +250,46 @@ def _unreachable(url: str, exc: Exception) -> errors.ItemError:
     return kind(
         code_pb2.UNAVAILABLE,
         reasons.UPSTREAM_UNAVAILABLE,
-        f"{url} unreachable: {type(exc).__name__}: {exc}",
+        f"{url} unreachable: {type(exc).__name__}: {errors.upstream_text(str(exc))}",
+        upstreamUrl=url,
+    )
+
+
+def _denied_or_unreachable(url: str, exc: Exception) -> errors.ItemError:
+    """FAILED_PRECONDITION / UPSTREAM_ADDRESS_REFUSED for an address the policy refuses (a
+    `destinations.Denied`, raised or inside aiohttp's resolver error); else `_unreachable`."""
+    denied = exc if isinstance(exc, destinations.Denied) else getattr(exc, "os_error", None)
+    if not isinstance(denied, destinations.Denied):
+        return _unreachable(url, exc)
+    return errors.ItemError(
+        code_pb2.FAILED_PRECONDITION,
+        reasons.UPSTREAM_ADDRESS_REFUSED,
+        f"{url} is not dialed: {denied}",
+        upstreamUrl=url,
+        why=str(denied),
+    )
+
+
+def _bad_framing(url: str, exc: Exception) -> errors.ItemError:
+    """A reply that is not HTTP/1.1 within `framing`'s limits: not retried (the upstream
+    answered; it would answer the same)."""
+    why = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
+    return errors.ItemError(
+        code_pb2.INTERNAL,
+        reasons.UPSTREAM_BAD_REPLY,
+        f"{url} sent a reply that is not HTTP/1.1 the bridge reads: {errors.upstream_text(why)}",
         upstreamUrl=url,
     )
 
 
 async def answers(session: aiohttp.ClientSession, url: str, timeout: float) -> bool:
     """True when the resources server at base URL `url` answers its liveness route `GET /`
-    with 200 within `timeout` seconds."""
+    with 200 within `timeout` seconds (a redirect is no answer: it is not followed)."""
+    liveness = f"{url}{LIVENESS_PATH}"
     try:
-        async with session.get(f"{url}{LIVENESS_PATH}", timeout=exact_timeout(timeout)) as reply:
+        async with session.get(
+            liveness, timeout=exact_timeout(timeout), allow_redirects=False
+        ) as reply:
             return reply.status == 200
     except (aiohttp.ClientError, TimeoutError):
         return False

@@ -12,12 +12,13 @@ body's bytes as sent and as decoded (`Client(max_body=)`). No redirects, no cook
 proxies, no TLS.
 
 Errors say what reached the upstream: `ConnectFailed` (nothing was sent: refused or
-unreachable), `Dropped` (the request was written, at least in part, then the connection closed
-or broke before the whole reply came), `BadReply` (the reply is not HTTP/1.1 the parser
-accepts; `TooLarge`: its body is over the cap), `TimeoutError` (the request's whole time
-passed). A request whose task is cancelled, or that times out or fails, closes its connection;
-only a connection whose reply was read whole and that both sides keep alive goes back to the
-pool.
+unreachable), `destinations.Denied` (nothing was sent: the address policy refuses it),
+`Dropped` (the request was written, at least in part, then the connection closed or broke
+before the whole reply came), `BadReply` (the reply is not HTTP/1.1 the parser
+accepts, or its head breaks a limit of `framing`; `TooLarge`: its body is over the cap),
+`TimeoutError` (the request's whole time passed). A request whose task is cancelled, or that
+times out or fails, closes its connection; only a connection whose reply was read whole and
+that both sides keep alive goes back to the pool.
 """
 
 from __future__ import annotations
@@ -27,16 +28,21 @@ import sys
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
-from urllib.parse import urlsplit
 
 import httptools
+
+from nemo_gym_grpc.bridge.nemo_gym.destinations import Denied, Policy
+from nemo_gym_grpc.bridge.nemo_gym.framing import (
+    MAX_HEAD_BYTES,
+    MAX_HEADERS,
+    MAX_LINE_BYTES,
+    request_head,
+    split_url,
+)
 
 # Seconds an idle connection is kept (NeMo Gym's uvicorn closes them after 30 s; reusing one
 # just as the server closes it costs a failed attempt).
 KEEPALIVE_TIMEOUT = 15.0
-# Most bytes of a reply's status line and headers (aiohttp's limit per line is 8,190).
-MAX_HEAD_BYTES = 65536
 
 
 class ConnectFailed(ConnectionError):
@@ -50,8 +56,8 @@ class Dropped(ConnectionError):
 
 
 class BadReply(ValueError):
-    """The reply could not be read as HTTP/1.1 (llhttp refused it, or its head is over
-    MAX_HEAD_BYTES, or its body does not decode): the request was sent."""
+    """The reply could not be read as HTTP/1.1 (llhttp refused it, or its head breaks a limit
+    of `framing`, or its body does not decode): the request was sent."""
 
 
 class TooLarge(BadReply):
@@ -70,46 +76,6 @@ class Response:
     body: bytes
     set_cookies: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
-
-
-@lru_cache(maxsize=1024)
-def split_url(url: str) -> tuple[str, int, bytes, bytes]:
-    """(host, port, request target, Host header value) of an `http://` URL.
-
-    Raises:
-        ValueError: not an http:// URL with a host.
-    """
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"not a plain-HTTP URL: {url!r}")
-    port = parts.port or 80
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    host = parts.hostname
-    netloc = f"[{host}]" if ":" in host else host
-    if parts.port:
-        netloc += f":{port}"
-    return host, port, target.encode("ascii"), netloc.encode("idna")
-
-
-def request_head(
-    target: bytes, host: bytes, headers: Iterable[tuple[str, str]], size: int
-) -> bytes:
-    """The head of a `POST` of `size` body bytes with `headers` (name, value).
-
-    Raises:
-        ValueError: a header name or value holds CR, LF or NUL (header injection).
-    """
-    lines = [b"POST ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n"]
-    for name, value in headers:
-        if _unsafe(value) or _unsafe(name) or ":" in name:
-            raise ValueError(f"header {name!r} holds CR, LF or NUL, or its name a colon")
-        lines += [name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
-    lines += [b"Content-Length: ", str(size).encode(), b"\r\n\r\n"]
-    return b"".join(lines)
-
-
-def _unsafe(text: str) -> bool:
-    return "\r" in text or "\n" in text or "\0" in text
 
 
 class _Connection(asyncio.Protocol):
@@ -136,6 +102,7 @@ class _Connection(asyncio.Protocol):
         self._framed = False  # Content-Length or chunked: the end is not the connection's
         self._encoding = b""
         self._head_bytes = 0
+        self._headers = 0
         self._headers_done = False
         self.reusable = False
 
@@ -172,6 +139,11 @@ class _Connection(asyncio.Protocol):
             self._fail(BadReply("the upstream sent a reply nobody asked for"))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers += 1
+        if len(name) + len(value) + 2 > MAX_LINE_BYTES or self._headers > MAX_HEADERS:
+            limits = f"{MAX_LINE_BYTES} bytes a line, {MAX_HEADERS} lines"
+            self._fail(BadReply(f"reply headers over the limits ({limits})"))
+            return
         lowered = name.lower()
         if lowered == b"set-cookie":
             self._cookies.append(value.decode("latin-1"))
@@ -286,9 +258,14 @@ class Client:
     Args:
         keep: names of the reply headers (besides Set-Cookie) each `Response.kept` holds.
         max_body: most bytes of a reply's body, as sent and as decoded (`TooLarge` beyond).
+        policy: the addresses it may connect to (`destinations.Denied` for others; default
+            `Policy()`).
     """
 
-    def __init__(self, max_body: int, keep: Iterable[str] = ()) -> None:
+    def __init__(
+        self, max_body: int, keep: Iterable[str] = (), policy: Policy | None = None
+    ) -> None:
+        self._policy = policy or Policy()
         self._keepalive = KEEPALIVE_TIMEOUT
         self._max_body = max_body
         self._keep = frozenset(name.lower().encode("latin-1") for name in keep)
@@ -367,20 +344,32 @@ class Client:
     async def _connect(
         self, loop: asyncio.AbstractEventLoop, host: str, port: int, deadline: float
     ) -> _Connection:
-        connection = _Connection(loop, self._keep, self._max_body)
-        connecting = loop.create_connection(lambda: connection, host, port)
+        opening = self._open(loop, host, port)
         try:
             if sys.version_info >= (3, 11):  # a timer, not wait_for's task per connection
                 async with asyncio.timeout_at(deadline):
-                    await connecting
-            else:
-                await asyncio.wait_for(connecting, max(deadline - loop.time(), 0.0))
+                    return await opening
+            return await asyncio.wait_for(opening, max(deadline - loop.time(), 0.0))
         except (asyncio.TimeoutError, TimeoutError):
             raise TimeoutError(f"connect to {host}:{port} timed out") from None
+        except Denied:
+            raise
         except OSError as exc:
             raise ConnectFailed(f"cannot connect to {host}:{port}: {exc}") from exc
-        self.connections_made += 1
-        return connection
+
+    async def _open(self, loop: asyncio.AbstractEventLoop, host: str, port: int) -> _Connection:
+        """A connection to the first of `host`'s allowed addresses that takes one."""
+        failed: OSError = OSError(f"{host} has no address")
+        for address in await self._policy.addresses(host, port):
+            connection = _Connection(loop, self._keep, self._max_body)
+            try:
+                await loop.create_connection(lambda: connection, address, port)  # noqa: B023
+            except OSError as exc:
+                failed = exc
+                continue
+            self.connections_made += 1
+            return connection
+        raise failed
 
     def idle_connections(self) -> int:
         """Connections in the pool now, waiting for a request."""

@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from http.cookies import Morsel
+from http.cookies import CookieError, SimpleCookie
 from typing import Any
+
+from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import codec
@@ -54,18 +56,33 @@ def seed_body(verify_body: Mapping[str, Any]) -> bytes:
     return codec.dumps(row)  # a part of a body that encoded: no NaN, no lone surrogate
 
 
-def cookie_header(cookies: Mapping[str, Morsel[str]]) -> str:
+def cookie_header(set_cookies: Iterable[str], url: str) -> str:
     """The `Cookie` request header that sends back the cookies a reply set.
 
     Args:
-        cookies: a reply's cookies (`http.Reply.cookies`, parsed from its `Set-Cookie`
-            headers).
+        set_cookies: the values of the reply's `Set-Cookie` headers (`http.Reply`).
+        url: where the reply came from (for the error).
 
     Returns:
         "name=value; name2=value2" with each value exactly as the server sent it (quoted if it
         was), or "" when the reply set none.
+
+    Raises:
+        errors.ItemError: INTERNAL / UPSTREAM_BAD_REPLY when a value does not parse as a
+            cookie (Python's `http.cookies`).
     """
-    return "; ".join(f"{morsel.key}={morsel.coded_value}" for morsel in cookies.values())
+    jar: SimpleCookie = SimpleCookie()
+    for value in set_cookies:
+        try:
+            jar.load(value)
+        except CookieError:
+            raise errors.ItemError(
+                code_pb2.INTERNAL,
+                reasons.UPSTREAM_BAD_REPLY,
+                f"{url} set a cookie that does not parse: {errors.upstream_text(value)}",
+                upstreamUrl=url,
+            ) from None
+    return "; ".join(f"{morsel.key}={morsel.coded_value}" for morsel in jar.values())
 
 
 def new_session_id() -> str:

@@ -23,6 +23,7 @@ from nemo_gym_grpc.shared.flags import (
     Flag,
     http_url,
     listen_address,
+    network,
     non_negative_float,
     port,
     positive_float,
@@ -114,6 +115,18 @@ class BridgeConfig:
         "a NeMo Gym (>= 0.7) environment server base URL that Run/RunStream post "
         "episodes to at <URL>/run (repeatable like --agent); wins over discovery",
     )
+    deny_upstream: tuple[Any, ...] = option(
+        "--deny-upstream",
+        "an address range (CIDR) never dialed, besides link-local 169.254.0.0/16 and fe80::/10 "
+        "(repeatable); an upstream there fails its items with UPSTREAM_ADDRESS_REFUSED",
+        type=network, default=(), kind="list", metavar="CIDR", convert=tuple,
+    )  # fmt: skip
+    allow_upstream: tuple[Any, ...] = option(
+        "--allow-upstream",
+        "an address range (CIDR) to dial (repeatable); when given, upstreams outside every "
+        "such range are refused like --deny-upstream ones",
+        type=network, default=(), kind="list", metavar="CIDR", convert=tuple,
+    )  # fmt: skip
     agent_concurrency: int = option(
         "--agent-concurrency",
         "most rollouts in flight per agent or environment server name, all replicas "

@@ -22,7 +22,7 @@ from nemo_gym_grpc.bridge.flows.discovery import HeadServer
 from nemo_gym_grpc.bridge.flows.run import Runner
 from nemo_gym_grpc.bridge.flows.upstreams import AGENTS, Upstreams
 from nemo_gym_grpc.bridge.flows.verify import Verifier
-from nemo_gym_grpc.bridge.nemo_gym import http
+from nemo_gym_grpc.bridge.nemo_gym import destinations, framing, http
 from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
 from nemo_gym_grpc.bridge.process.allocator import return_large_frees
 from nemo_gym_grpc.bridge.process.checks import check_exposure, check_limits, check_tls
@@ -296,15 +296,29 @@ def check_free(listen: str, reuse_port: bool) -> None:
         raise RuntimeError(f"cannot listen on {listen}: address already in use")
 
 
-def _session() -> aiohttp.ClientSession:
-    """The aiohttp session for the upstream calls of one bridge."""
+def _session(policy: destinations.Policy | None = None) -> aiohttp.ClientSession:
+    """The aiohttp session for the upstream calls of one bridge: no cookie jar, `framing`'s
+    header limits, and `policy` (default `Policy()`) applied to every address it dials."""
+    policy = policy or destinations.Policy()
     # Idle upstream connections are closed after 15 s: NeMo Gym's uvicorn closes them after
     # 30 s, and reusing one just as the server closes it costs a retry.
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=15)
+    connector = aiohttp.TCPConnector(
+        limit=0,
+        limit_per_host=0,
+        keepalive_timeout=15,
+        resolver=destinations.FilteringResolver(policy),
+    )
     # No cookie jar: NeMo Gym sets a session cookie on every reply; a shared jar would send
     # it with other items' calls. An item's session cookies travel explicitly
     # (nemo_gym/sessions.py).
-    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
+    return aiohttp.ClientSession(
+        connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trace_configs=[destinations.trace_config(policy)],
+        max_line_size=framing.MAX_LINE_BYTES,  # framing's table of header limits
+        max_field_size=framing.MAX_LINE_BYTES,
+        max_headers=framing.MAX_HEADERS,
+    )
 
 
 async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None:
@@ -328,9 +342,12 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with _session() as session:
+    deny = destinations.DEFAULT_DENY + config.deny_upstream
+    policy = destinations.Policy(deny, config.allow_upstream)
+    async with _session(policy) as session:
         builtin = config.upstream_client == "builtin"
-        client = http.Client(session, builtin=builtin, max_reply_bytes=config.max_reply_bytes)
+        limit = config.max_reply_bytes
+        client = http.Client(session, builtin=builtin, max_reply_bytes=limit, policy=policy)
         bridge = await build(config, client)
         await bridge.readiness.round()
         metrics_runner = await _metrics_server(config, bridge.metrics)

@@ -55,7 +55,7 @@ from nemo_gym_grpc.rewards.client.outcomes import (
     Outcome,
     finite_number,
 )
-from nemo_gym_grpc.shared.reasons import INVALID_ITEM
+from nemo_gym_grpc.shared.reasons import INVALID_ITEM, UPSTREAM_ADDRESS_REFUSED
 from nemo_gym_grpc.v1 import verify_pb2
 
 # Per-item failure codes that say nothing about the row itself but about where it went: the
@@ -74,14 +74,20 @@ NOT_VERDICTS = frozenset(
         "ABORTED",
     }
 )
+# Reasons that say the same under another code: a server the bridge will not dial
+# (FAILED_PRECONDITION, its address refused).
+NOT_VERDICT_REASONS = frozenset({UPSTREAM_ADDRESS_REFUSED})
 
 
 def is_verdict(outcome: Outcome) -> bool:
     """True when `outcome` is final for its row, so it is written: a reward, or a failure of
-    the row itself (not a whole-call failure, no code of `NOT_VERDICTS`)."""
+    the row itself (not a whole-call failure, no code of `NOT_VERDICTS`, no reason of
+    `NOT_VERDICT_REASONS`)."""
     if not isinstance(outcome, Failure):
         return True
-    return not outcome.whole_call and outcome.code not in NOT_VERDICTS
+    if outcome.whole_call or outcome.reason in NOT_VERDICT_REASONS:
+        return False
+    return outcome.code not in NOT_VERDICTS
 
 
 class OutputMismatch(ValueError):

@@ -14,8 +14,11 @@ from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.bridge.process.metrics import Metrics
 
 
-def verifier_for(upstreams: Upstreams, session: aiohttp.ClientSession, **settings: Any) -> Verifier:
-    """A Verifier with the bridge's default settings, except `settings` (Verifier's keywords)."""
+def verifier_for(
+    upstreams: Upstreams, session: aiohttp.ClientSession, *, builtin: bool = True, **settings: Any
+) -> Verifier:
+    """A Verifier with the bridge's default settings, except `settings` (Verifier's keywords);
+    its POSTs to http:// URLs over the bridge's own client unless `builtin` is False."""
     config = BridgeConfig()
     defaults = dict(
         default_timeout=config.verify_timeout,
@@ -25,4 +28,4 @@ def verifier_for(upstreams: Upstreams, session: aiohttp.ClientSession, **setting
         session_servers=config.session_servers,
         metrics=Metrics(),
     )
-    return Verifier(upstreams, http.Client(session), **(defaults | settings))
+    return Verifier(upstreams, http.Client(session, builtin=builtin), **(defaults | settings))

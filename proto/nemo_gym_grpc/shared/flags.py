@@ -12,6 +12,7 @@ and one line naming the variable. The value types below are argparse types: they
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import math
 import os
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
+
+from nemo_gym_grpc.shared import addresses
 
 ENV_PREFIX = "NEMO_GYM_GRPC_"
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -233,23 +236,49 @@ def listen_address(text: str) -> str:
     return text
 
 
-def _is_http_url(text: str) -> bool:
+def network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """An address range in CIDR notation (169.254.0.0/16, fe80::/10) or one address."""
+    try:
+        return ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an address range such as 10.0.0.0/8, got {text!r}"
+        ) from None
+
+
+def _url_problem(text: str) -> str:
+    """Why `text` is no http(s)://HOST[:PORT][/PATH] URL of a server to call, "" when it is
+    one: the scheme http or https, the host as `addresses.check_host` takes it, the port (if
+    any) 1-65535, no user, query or fragment."""
     parts = urlsplit(text)
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
+    if parts.scheme not in ("http", "https"):
+        return "the scheme is not http or https"
+    if "@" in parts.netloc or parts.query or parts.fragment:
+        return "a user, query or fragment is in it"
+    try:
+        addresses.check_host(parts.hostname or "")
+        if parts.port is not None:
+            addresses.check_port(parts.port)
+    except ValueError as exc:  # (urlsplit's own for a port that is no number)
+        return str(exc)
+    return ""
 
 
 def http_url(text: str) -> str:
-    """http(s)://HOST[:PORT][/PATH] -> the URL without a trailing slash."""
-    if not _is_http_url(text):
-        raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
+    """http(s)://HOST[:PORT][/PATH] (`_url_problem`) -> the URL without a trailing slash."""
+    problem = _url_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}: {problem}")
     return text.rstrip("/")
 
 
 def server_entry(text: str) -> tuple[str, str]:
-    """NAME=http(s)://HOST[:PORT][/PATH] -> (NAME, the URL without a trailing slash)."""
+    """NAME=http(s)://HOST[:PORT][/PATH] (`_url_problem`) -> (NAME, the URL without a
+    trailing slash)."""
     name, sep, url = text.partition("=")
-    if not sep or not name or not _is_http_url(url):
-        raise argparse.ArgumentTypeError(f"expected NAME=http://HOST:PORT, got {text!r}")
+    problem = _url_problem(url) if sep and name else "no NAME= before it"
+    if problem:
+        raise argparse.ArgumentTypeError(f"expected NAME=http://HOST:PORT, got {text!r}: {problem}")
     return name, url.rstrip("/")
 
 
