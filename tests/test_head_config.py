@@ -91,13 +91,19 @@ async def resolve(head_url: str, name: str) -> errors.ItemError | list[str]:
             return exc
 
 
-async def test_an_item_for_a_refused_entry_fails_with_the_reason_and_others_route():
+async def test_an_item_for_a_refused_entry_fails_with_the_reason_and_others_route(caplog):
     with CannedServer("127.0.0.4") as headsrv:
         bad = BAD_ENTRIES["path_in_host"][0]
         headsrv.answer(CONFIG_PATH, config_reply(servers(bad=bad, ok={"host": "::1", "port": 9})))
-        error = await resolve(headsrv.url, "bad")
-        assert await resolve(headsrv.url, "ok") == ["http://[::1]:9"]
-    assert isinstance(error, errors.ItemError)
+        async with aiohttp.ClientSession() as session:
+            table = Upstreams({}, HeadServer(headsrv.url, session, 2.0, 0, busy_share=1))
+            with caplog.at_level("WARNING", logger="nemo_gym_grpc.bridge.flows.upstreams"):
+                for _ in range(3):  # three reads of the same config
+                    with pytest.raises(errors.ItemError) as caught:
+                        await table.resolve("bad")
+            assert await table.resolve("ok") == ["http://[::1]:9"]
+    error = caught.value
+    assert len(caplog.records) == 1 and "'bad'" in caplog.records[0].getMessage()
     assert (error.code, error.reason) == (
         code_pb2.FAILED_PRECONDITION,
         reasons.UPSTREAM_ADDRESS_REFUSED,

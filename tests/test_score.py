@@ -285,6 +285,27 @@ def test_sigint_keeps_a_valid_prefix_and_a_rerun_completes(proxied_bridge, tmp_p
     assert "24 of 24 rows in" in done.stdout
 
 
+def test_a_bridge_that_dies_during_the_run_stops_it_at_once(proxied_bridge, tmp_path):
+    """Its port then refuses connections: the run stops with exit 1 after the resends (1 s
+    and 2 s apart), not after three connect timeouts of 60 s each."""
+    proxy, bridge = proxied_bridge
+    proxy.set_faults(Fault("hang"))  # every row held until the bridge goes
+    rows_path = write_rows(tmp_path / "rows.jsonl", rollout_rows(8))
+    command = [sys.executable, "-m", "nemo_gym_grpc.cli", "score", str(rows_path)]
+    command += ["-o", str(tmp_path / "out.jsonl"), "--target", bridge.target, "--no-progress"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: proxy.in_flight >= 1, 60, "rows in flight")
+        os.kill(bridge.pid, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, stderr
+    assert f"no connection to the bridge at {bridge.target}: it refused the connection" in stderr
+
+
 # What NeMo Gym's own example_rollouts.jsonl give, on 0.7.0 and 0.4.0. "as saved": every reward
 # as the rollout saved it. "scored": every row scored, though not as saved (mcqa's rows lack the
 # `options` it reads now; multireward weighs its components otherwise). "422": the rows lack a

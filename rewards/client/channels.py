@@ -19,6 +19,7 @@ channel belongs to the event loop that made it, so async calls open their own (`
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 
@@ -135,6 +136,31 @@ def aio_channel(target: str, security: Security = PLAINTEXT) -> grpc.aio.Channel
 _Key = tuple[str, tuple[tuple[str, int | str], ...], bytes | None, bytes | None, bytes | None]
 _shared: PerProcess[_Key, Channel] = PerProcess()
 HOME_PROBE_SECONDS = 0.1  # most a sync `ray:` call waits for the own bridge's channel
+
+
+async def ready(
+    channel: grpc.aio.Channel, timeout: float, *, refused_fails: bool = False
+) -> bool | None:
+    """True once `channel` is READY, None when it is not within `timeout` seconds. With
+    `refused_fails`, False as soon as a connection attempt fails (TRANSIENT_FAILURE: refused,
+    unreachable, or a failed TLS handshake) instead of waiting for a later one."""
+
+    async def connected() -> bool:
+        if not refused_fails:
+            await channel.channel_ready()
+            return True
+        state = channel.get_state(try_to_connect=True)
+        while state is not grpc.ChannelConnectivity.READY:
+            if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                return False
+            await channel.wait_for_state_change(state)
+            state = channel.get_state(try_to_connect=True)
+        return True
+
+    try:
+        return await asyncio.wait_for(connected(), timeout)
+    except asyncio.TimeoutError:
+        return None
 
 
 def shared(target: str, security: Security = PLAINTEXT) -> Channel:

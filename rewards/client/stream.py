@@ -113,6 +113,7 @@ class Call(Generic[Req, Res, Msg]):
         connect_timeout: most seconds to wait for a connection to the bridge (bounded by
             `timeout`); a bridge that is still starting is waited for, not failed at once.
         security: TLS files and token (`settings.security`); default plaintext, no token.
+        refused_fails: (`asend`) a refused connection fails at once (`channels.ready`).
 
     Raises:
         ValueError: two requests share a `request_id`.
@@ -127,8 +128,10 @@ class Call(Generic[Req, Res, Msg]):
         timeout: float,
         connect_timeout: float,
         security: Security = channels.PLAINTEXT,
+        refused_fails: bool = False,
     ) -> None:
         self.rpc = rpc
+        self.refused_fails = refused_fails
         self.target = target
         self.security = security
         self.metadata = security.metadata()
@@ -197,12 +200,13 @@ class Call(Generic[Req, Res, Msg]):
         except grpc.RpcError as error:
             self.failure = Failure.from_rpc_error(error)
 
-    def on_no_connection(self) -> None:
-        """No connection within `connect_wait`: the call was not started."""
+    def on_no_connection(self, refused: bool = False) -> None:
+        """No connection within `connect_wait` (or `refused`): the call was not started."""
+        why = ": it refused the connection" if refused else f" within {self.connect_wait:g} s"
         self.failure = Failure(
             "DEADLINE_EXCEEDED" if self.connect_wait >= self.timeout else "UNAVAILABLE",
             None,
-            f"no connection to the bridge at {self.target} within {self.connect_wait:g} s",
+            f"no connection to the bridge at {self.target}{why}",
         )
 
     def resend(self) -> bool:
@@ -271,10 +275,10 @@ async def asend(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
         return call.finish()
     while True:  # each stream on a channel of its own
         async with channels.aio_channel(call.target, call.security) as channel:
-            try:
-                await asyncio.wait_for(channel.channel_ready(), min(call.connect_wait, call.left()))
-            except asyncio.TimeoutError:
-                call.on_no_connection()
+            wait = min(call.connect_wait, call.left())
+            ready = await channels.ready(channel, wait, refused_fails=call.refused_fails)
+            if not ready:
+                call.on_no_connection(refused=ready is False)
                 return call.finish()
             messages, left = call.start()
             responses = call.rpc.aio_method(channel)(
@@ -300,6 +304,7 @@ class Route:
             bridge listens in plaintext on loopback).
         timeout: gRPC deadline of one call, seconds.
         connect_timeout: most seconds one call waits for a connection (within `timeout`).
+        refused_fails: a refused async call fails at once (`score`: a dead bridge's port).
     """
 
     target: str | None
@@ -307,6 +312,7 @@ class Route:
     security: Security
     timeout: float
     connect_timeout: float
+    refused_fails: bool = False
 
     @classmethod
     def resolve(
@@ -368,6 +374,7 @@ class Route:
             timeout=self.timeout,
             connect_timeout=self.connect_timeout,
             security=self.security,
+            refused_fails=self.refused_fails,
         )
 
     def send(self, rpc: Rpc[Req, Res, Msg], requests: Sequence[Req]) -> dict[str, Res | Failure]:

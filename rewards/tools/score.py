@@ -31,8 +31,6 @@ import logging
 import signal
 import sys
 
-import grpc
-
 from nemo_gym_grpc.rewards.client import channels, embedded, settings
 from nemo_gym_grpc.rewards.client.outcomes import ProtocolError
 from nemo_gym_grpc.rewards.client.stream import Route
@@ -124,33 +122,21 @@ def _route(args: argparse.Namespace) -> Route:
     return Route.resolve(target=args.target, timeout=timeout)
 
 
-async def _connected(channel: grpc.aio.Channel) -> bool:
-    """True once `channel` is READY; False as soon as it fails to connect (TRANSIENT_FAILURE:
-    refused, unreachable, or a failed TLS handshake)."""
-    state = channel.get_state(try_to_connect=True)
-    while state is not grpc.ChannelConnectivity.READY:
-        if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-            return False
-        await channel.wait_for_state_change(state)
-        state = channel.get_state(try_to_connect=True)
-    return True
-
-
 async def _unready(route: Route, target: str, stop: asyncio.Event) -> str | None:
     """None once the bridge at `target` accepts a connection; else why not (it failed at
     once: refused, or a failed TLS handshake; or nothing within the connect timeout), or ""
     when `stop` was set first."""
     async with channels.aio_channel(target, route.security) as channel:
-        waits = [asyncio.ensure_future(_connected(channel)), asyncio.ensure_future(stop.wait())]
+        connected = channels.ready(channel, route.connect_timeout, refused_fails=True)
+        waits = [asyncio.ensure_future(connected), asyncio.ensure_future(stop.wait())]
         done, _ = await asyncio.wait(
             waits, timeout=route.connect_timeout, return_when=asyncio.FIRST_COMPLETED
         )
         for wait in waits:
             wait.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
-    if waits[0] in done:
-        connected = waits[0].result()
-        if connected:
+    if waits[0] in done and waits[0].result() is not None:
+        if waits[0].result():
             return None
         plain = route.target and not route.security.ca  # a configured bridge, in plaintext
         hint = f"; a bridge serving TLS needs {settings.CA_ENV}" if plain else ""
@@ -178,7 +164,7 @@ async def _connect_and_score(
         if problem:
             _say(problem)
         return 1 if problem else EXIT_INTERRUPTED
-    route = dataclasses.replace(route, target=target)
+    route = dataclasses.replace(route, target=target, refused_fails=True)
     found = await verdicts.read_verdicts(target, route.security)
     for name, why in found.unread.items():
         left_out = ", ".join(sorted(verdicts.BASE_VERDICT_FIELDS))
