@@ -6,8 +6,8 @@ bridge does not know (each makes it read the config again): the latency of one c
     python -m benchmarks.head_stall --code OTHER     # another checkout (e.g. a `git worktree`)
 
 The head server and the upstream are scripted (tests/support/canned_http.py, in this process):
-the config is `--servers` entries with a block of settings each (about 0.9 MB at the
-default), the upstream answers every `/verify` with a reward at once. Prints the known
+the config is `--servers` servers with 600 settings each, as NeMo Gym's configs carry their
+servers' settings (about 0.9 MB at the default), the upstream answers every `/verify` with a reward at once. Prints the known
 server's Verify latency (p50, p99, max, ms) and how often the head server was read.
 """
 
@@ -34,8 +34,8 @@ CONFIG_PATH = "GET /global_config_dict_yaml"
 
 
 def config(servers: int) -> bytes:
-    """A head server's reply listing `servers` resources servers, each with some settings."""
-    settings = {f"option_{k}": {"value": k, "text": "x" * 20} for k in range(8)}
+    """A head server's reply listing `servers` resources servers, each with its settings."""
+    settings = {f"option_{k}": {"value": k, "text": "x" * 20} for k in range(600)}
     entries = {
         f"server_{n}": {
             "resources_servers": {f"type_{n}": {"host": "127.0.0.1", "port": 1, **settings}}
@@ -109,7 +109,7 @@ def run(env: dict[str, str], servers: int, seconds: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--code", type=Path, help="a checkout to run the bridge from")
-    parser.add_argument("--servers", type=int, default=3200, help="entries in the config")
+    parser.add_argument("--servers", type=int, default=55, help="servers in the config")
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds measured")
     args = parser.parse_args()
     env = {}
