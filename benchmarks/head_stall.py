@@ -7,8 +7,9 @@ bridge does not know (each makes it read the config again): the latency of one c
 
 The head server and the upstream are scripted (tests/support/canned_http.py, in this process):
 the config is `--servers` servers with 600 settings each, as NeMo Gym's configs carry their
-servers' settings (about 0.9 MB at the default), the upstream answers every `/verify` with a reward at once. Prints the known
-server's Verify latency (p50, p99, max, ms) and how often the head server was read.
+servers' settings (about 0.9 MB at the default), the upstream answers every `/verify` with a
+reward at once. Prints the known server's Verify latency (p50, p99, max, ms) and how often the
+head server was read.
 """
 
 from __future__ import annotations
