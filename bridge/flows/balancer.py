@@ -13,9 +13,14 @@ attempts' rule (`attempts.slot_wait`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable
+
+from nemo_gym_grpc.bridge.flows.limits import Limit
+
+log = logging.getLogger(__name__)
 
 # Seconds a replica that refused a connection is passed over while another one is available.
 REFUSED_COOLDOWN = 5.0
@@ -96,6 +101,9 @@ class Slots:
             future.set_result(False)
 
     def _release(self) -> None:
+        if self.in_flight > self._size:  # the size shrank: this slot goes
+            self.in_flight -= 1
+            return
         waiters = self._waiters
         while waiters:
             future = waiters.popleft()
@@ -105,22 +113,57 @@ class Slots:
                 return
         self.in_flight -= 1
 
+    def resize(self, size: int) -> None:
+        """Make it `size` slots: callers waiting take the new ones at once; when it shrinks,
+        calls in flight finish and their slots go."""
+        self._size = size
+        waiters = self._waiters
+        while waiters and self.in_flight < size:
+            future = waiters.popleft()
+            if not future.done():
+                self.waiting -= 1
+                self.in_flight += 1
+                future.set_result(True)
+
 
 class Replica(Slots):
     """One upstream base URL and its load.
 
     Args:
         url: base URL, e.g. "http://127.0.0.1:18001" (no trailing slash).
-        max_in_flight: most concurrent calls to it (its slots).
+        max_in_flight: most concurrent calls to it (its slots; with `adaptive`, the ceiling
+            of its `limits.Limit`).
 
     Attributes:
         refused_until: `time.monotonic()` until which it is passed over (0 = never refused).
+        limit: its adaptive limit, None when its slots are fixed.
     """
 
-    def __init__(self, url: str, max_in_flight: int) -> None:
-        super().__init__(max_in_flight)
+    def __init__(self, url: str, max_in_flight: int, adaptive: bool = False) -> None:
+        self.limit = Limit(max_in_flight) if adaptive else None
+        super().__init__(self.limit.size if self.limit else max_in_flight)
+        self._logged = self._size  # the limit last logged (a move by 2x is)
         self.url = url
         self.refused_until = 0.0
+
+    def answered(self, seconds: float, load: int) -> None:
+        """One call answered 200 in `seconds`, sent while `load` calls were in flight here:
+        a sample for the adaptive limit (see `limits`)."""
+        assert self.limit is not None
+        size = self.limit.sample(seconds, load, time.monotonic())
+        if size == self._size:
+            return
+        self.resize(size)
+        found = self.limit.limit
+        if not self._logged / 2 <= found <= self._logged * 2:
+            log.info(
+                "concurrency limit of %s: %d -> %d (no-load latency %.1f ms)",
+                self.url,
+                self._logged,
+                found,
+                self.limit.no_load * 1000,
+            )
+            self._logged = found
 
     def refused(self) -> None:
         """Record a refused connection: pass this replica over for REFUSED_COOLDOWN s."""
@@ -148,11 +191,13 @@ class Balancer:
     """The replicas of every upstream URL the bridge has called, and the choice among them.
 
     Args:
-        max_in_flight: slots per replica (`--max-in-flight`).
+        max_in_flight: slots per replica (`--max-in-flight`; the ceiling when `adaptive`).
+        adaptive: each replica's slots follow its `limits.Limit`.
     """
 
-    def __init__(self, max_in_flight: int) -> None:
+    def __init__(self, max_in_flight: int, adaptive: bool = False) -> None:
         self._max_in_flight = max_in_flight
+        self._adaptive = adaptive
         self._replicas: dict[str, Replica] = {}
         self._turn = 0
 
@@ -160,7 +205,7 @@ class Balancer:
         """The Replica of base URL `url` (created on first use, kept for the process)."""
         found = self._replicas.get(url)
         if found is None:
-            found = self._replicas[url] = Replica(url, self._max_in_flight)
+            found = self._replicas[url] = Replica(url, self._max_in_flight, self._adaptive)
         return found
 
     def replicas(self) -> list[Replica]:

@@ -50,7 +50,8 @@ async def post(
             else its flow's default, cut to what the RPC `deadline` (`time.monotonic()`
             seconds, or None) leaves (`attempts.call_timeout`).
         record, labels: `record(*labels, seconds)` counts the call in the flow's latency
-            metric; called once, also when the call fails or is cancelled.
+            metric; called once, also when the call fails or is cancelled. A 200 reply is
+            also a sample of the replica's adaptive limit, when it has one.
         cookie: the `Cookie` header, "" for none.
         queued: seconds the item waited for a slot before (reported on a timeout).
 
@@ -69,6 +70,7 @@ async def post(
             situation, upstreamUrl=url, queuedSeconds=f"{queued:.3f}" if queued else None
         )
     started = time.monotonic()
+    load = replica.in_flight
     try:
         reply = await http.post(
             client, url, body, timeout=timeout, request_id=request_id, cookie=cookie, queued=queued
@@ -82,6 +84,8 @@ async def post(
         record(*labels, time.monotonic() - started)
         raise
     record(*labels, reply.seconds)
+    if replica.limit is not None and reply.status == 200:
+        replica.answered(reply.seconds, load)
     return reply
 
 

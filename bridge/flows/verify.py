@@ -54,6 +54,8 @@ class Verifier:
         metrics: where outcomes, latencies and retries are counted.
         rollout_correlation: send an item's calls under `/ng-rollout/<request_id>` to the
             replicas that take that prefix (NeMo Gym 0.7); False = plain routes only.
+        adaptive_concurrency: each replica's slots follow its adaptive limit (`limits`), with
+            `max_in_flight` as the ceiling.
 
     Attributes:
         balancer: the replicas called so far and their load.
@@ -72,6 +74,7 @@ class Verifier:
         session_servers: Iterable[str],
         metrics: Metrics,
         rollout_correlation: bool = True,
+        adaptive_concurrency: bool = False,
     ) -> None:
         self.upstreams = upstreams
         self._client = client
@@ -80,7 +83,7 @@ class Verifier:
         self._max_item_bytes = max_item_bytes
         self._session_servers = frozenset(session_servers)
         self.metrics = metrics
-        self.balancer = Balancer(max_in_flight)
+        self.balancer = Balancer(max_in_flight, adaptive_concurrency)
         self.capabilities = capabilities.Catalog(client.session)
         self._correlate = rollout_correlation
         self._closer = sessions.Closer(client, self._closed)

@@ -179,11 +179,15 @@ class BridgeConfig:
     )
     max_in_flight: int = option(
         "--max-in-flight",
-        "most concurrent /verify calls per upstream",
-        type=positive_int,
-        default=256,
-        metavar="N",
-    )
+        "most concurrent /verify calls per upstream (with --adaptive-concurrency, the ceiling)",
+        type=positive_int, default=256, metavar="N",
+    )  # fmt: skip
+    adaptive_concurrency: bool = option(
+        "--adaptive-concurrency",
+        "each upstream's concurrent /verify calls follow a limit found from their latency "
+        "(TCP Vegas's rule; docs/performance.md), up to --max-in-flight",
+        kind="switch", default=False,
+    )  # fmt: skip
     retry: RetryPolicy = setting(
         Flag(
             "--retry-attempts",

@@ -13,6 +13,9 @@
   `resources_server`;
 - `nemo_gym_grpc_upstream_in_flight` / `nemo_gym_grpc_upstream_waiting` (gauges): calls
   holding a slot / items waiting for one, by `upstream` (base URL of the replica);
+- `nemo_gym_grpc_upstream_limit` / `nemo_gym_grpc_upstream_no_load_seconds` (gauges): with
+  `--adaptive-concurrency`, each replica's limit and the no-load latency it was found from
+  (`flows/limits.py`), by `upstream`;
 - `nemo_gym_grpc_active_streams` (gauge): open VerifyStream and RunStream calls;
 - `nemo_gym_grpc_rollouts_total` (counter): rollouts answered (Run, RunStream), by `agent`,
   `outcome`, `code` and `reason` as for items;
@@ -173,11 +176,23 @@ class _LoadCollector:
             "Items waiting for a slot of an upstream (--max-in-flight), by base URL.",
             labels=["upstream"],
         )
+        limit = GaugeMetricFamily(
+            "nemo_gym_grpc_upstream_limit",
+            "The adaptive concurrency limit of an upstream (--adaptive-concurrency), by base URL.",
+            labels=["upstream"],
+        )
+        no_load = GaugeMetricFamily(
+            "nemo_gym_grpc_upstream_no_load_seconds",
+            "The no-load latency an upstream's adaptive limit is found from, by base URL.",
+            labels=["upstream"],
+        )
         for replica in self._balancer.replicas():
             in_flight.add_metric([replica.url], replica.in_flight)
             waiting.add_metric([replica.url], replica.waiting)
-        yield in_flight
-        yield waiting
+            if replica.limit is not None and replica.limit.no_load < float("inf"):
+                limit.add_metric([replica.url], replica.limit.limit)
+                no_load.add_metric([replica.url], replica.limit.no_load)
+        yield from (in_flight, waiting, limit, no_load)
         yield GaugeMetricFamily(
             "nemo_gym_grpc_active_streams",
             "Open VerifyStream and RunStream calls.",

@@ -219,6 +219,7 @@ def _flows(
         session_servers=config.session_servers,
         metrics=metrics,
         rollout_correlation=config.rollout_correlation,
+        adaptive_concurrency=config.adaptive_concurrency,
     )
     runner = Runner(
         agents,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import socket
 import socketserver
 import threading
+import time
 
 
 def canned(status: int, body: bytes = b"", **headers: str) -> bytes:
@@ -30,12 +31,25 @@ def canned(status: int, body: bytes = b"", **headers: str) -> bytes:
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024
     answers: dict[str, bytes]
     seen: list[str]
+    work: float = 0.0
+
+
+class _OneAtATime(socketserver.TCPServer):
+    """One request at a time, the others waiting in the listen backlog: a server whose
+    latency grows with its load, as a single-process CPU-bound NeMo Gym server's does."""
+
+    allow_reuse_address = True
+    request_queue_size = 1024
+    answers: dict[str, bytes]
+    seen: list[str]
+    work: float = 0.0
 
 
 class _Handler(socketserver.StreamRequestHandler):
-    server: _Server
+    server: _Server | _OneAtATime
 
     def handle(self) -> None:
         self.connection.settimeout(10)
@@ -53,6 +67,8 @@ class _Handler(socketserver.StreamRequestHandler):
         self.server.seen.append(key)
         path = first[1].split("?")[0] if len(first) > 1 else ""
         raw = self.server.answers.get(key) or self.server.answers.get(f"{first[0]} {path}")
+        if self.server.work:
+            time.sleep(self.server.work)
         try:
             self.wfile.write(raw if raw is not None else canned(404))
             self.wfile.flush()
@@ -66,14 +82,20 @@ class CannedServer:
 
     Args:
         host: the loopback address to listen on (127.0.0.0/8 is all loopback on Linux).
+        work: seconds each request takes before its answer goes out.
+        one_at_a_time: serve one request at a time (else each in a thread of its own).
 
     Attributes:
         url: "http://<host>:<port>".
         seen: "<METHOD> <target>" of each request, in order.
     """
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self._server = _Server((host, 0), _Handler)
+    def __init__(
+        self, host: str = "127.0.0.1", *, work: float = 0.0, one_at_a_time: bool = False
+    ) -> None:
+        kind = _OneAtATime if one_at_a_time else _Server
+        self._server = kind((host, 0), _Handler)  # type: ignore[arg-type]
+        self._server.work = work
         self._server.answers = {}
         self._server.seen = []
         self.seen = self._server.seen

@@ -1,0 +1,124 @@
+"""The adaptive concurrency limit (`--adaptive-concurrency`, bridge/flows/limits.py): it settles
+a few calls above a CPU-bound server's knee, grows to the ceiling on a server whose latency
+does not grow with load, follows a latency step both ways, ignores failures, and the slots of a
+replica follow it.
+
+The first tests drive the rule with server models (latency as a function of the calls in
+flight), a stand-in for the servers a benchmark runs; the last one runs it over real HTTP in
+front of a scripted server that answers one request at a time (tests/support/canned_http.py),
+as a single-process CPU-bound NeMo Gym server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from prometheus_client import generate_latest
+
+from nemo_gym_grpc.bridge.flows.balancer import Replica
+from nemo_gym_grpc.bridge.flows.limits import INITIAL_LIMIT, Limit
+from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
+from nemo_gym_grpc.v1 import verify_pb2
+from tests.support.canned_http import CannedServer, canned
+from tests.support.verifiers import verifier_for
+
+CEILING = 256
+
+
+class Clock:
+    """Model time: each call ends `latency / load` seconds after the one before (a server
+    with `load` calls in flight answers that many per `latency`)."""
+
+    now = 0.0
+
+
+def run(limit: Limit, latency, samples: int, ramp: bool = True) -> list[int]:
+    """Feed `limit` `samples` calls under full demand (as many in flight as it allows), with
+    `ramp` the first INITIAL_LIMIT sent one after another as a burst's are (1, 2, ... in
+    flight); `latency(load)` seconds each. Returns its size after each."""
+    sizes = []
+    for n in range(samples):
+        load = n + 1 if ramp and n < INITIAL_LIMIT else limit.size
+        rtt = latency(load)
+        Clock.now += rtt / load
+        sizes.append(limit.sample(rtt, load, Clock.now))
+    return sizes
+
+
+def test_a_cpu_bound_server_gets_a_few_calls_above_its_knee():
+    limit = Limit(CEILING)
+    sizes = run(limit, lambda load: 0.002 * load, 5000)  # one call at a time, 2 ms each
+    late = sizes[-2000:]  # about 5 s
+    calibrating = late.count(1)  # re-measuring the no-load latency: a few calls now and then
+    assert 0 < calibrating < len(late) / 20, calibrating
+    assert all(3 <= size <= 10 for size in late if size != 1), late[-20:]
+    assert abs(limit.no_load - 0.002) < 1e-9
+
+
+def test_a_server_whose_latency_does_not_grow_gets_the_ceiling_fast():
+    limit = Limit(CEILING)
+    sizes = run(limit, lambda load: 1.0, 200)
+    assert sizes.index(CEILING) < 60, sizes[:60]
+
+
+def test_a_latency_step_is_followed_both_ways():
+    limit = Limit(CEILING)
+    run(limit, lambda load: 0.010, 300)
+    assert limit.size == CEILING
+    stepped = Clock.now
+    slow: list[int] = []
+    while len(slow) < 2000 and (not slow or slow[-1] != CEILING):  # 10 -> 500 ms: a step
+        slow += run(limit, lambda load: 0.500, 1, ramp=False)
+    assert Clock.now - stepped < 10.0 and min(slow) == 1 and abs(limit.no_load - 0.5) < 1e-9
+    back = run(limit, lambda load: 0.010, 50, ramp=False)
+    assert min(back) == CEILING and limit.no_load == 0.010
+
+
+def test_failures_are_no_samples_and_starve_nothing():
+    replica = Replica("http://127.0.0.1:1", CEILING, adaptive=True)
+    before = replica.limit.size
+    # nothing but failures: upstream.post samples only 200 replies, so the limit stays
+    assert replica.limit.size == before and replica.limit.no_load == float("inf")
+
+
+async def test_the_slots_follow_the_limit():
+    replica = Replica("http://127.0.0.1:1", CEILING, adaptive=True)
+    replica.resize(1)
+    held = replica.use()
+    await held.__aenter__()
+    waiting = asyncio.ensure_future(replica.use().__aenter__())
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and replica.waiting == 1
+    replica.resize(2)  # grows: the waiter gets the new slot at once
+    await asyncio.wait_for(waiting, 1)
+    assert replica.in_flight == 2
+    replica.resize(1)  # shrinks: a slot given back goes, none is handed on
+    third = asyncio.ensure_future(replica.use().__aenter__())
+    await held.__aexit__(None, None, None)
+    await asyncio.sleep(0.01)
+    assert replica.in_flight == 1 and not third.done()
+    third.cancel()
+
+
+async def test_over_http_a_one_at_a_time_server_gets_a_few_calls_not_the_ceiling():
+    items = [
+        verify_pb2.VerifyRequest(request_id=f"i{n}", resources_server="s", completion="B")
+        for n in range(400)
+    ]
+    with CannedServer("127.0.0.5", work=0.002, one_at_a_time=True) as server:
+        server.answer("POST /verify", canned(200, b'{"reward": 1.0}'))
+        async with aiohttp.ClientSession() as session:
+            verifier = verifier_for(
+                Upstreams({"s": server.url}), session, adaptive_concurrency=True
+            )
+            results = await asyncio.gather(*(verifier.verify(i, None) for i in items))
+            (replica,) = verifier.balancer.replicas()
+            verifier.metrics.watch(verifier.balancer, lambda: 0)
+            exported = generate_latest(verifier.metrics.registry).decode()
+    assert all(r.reward == 1.0 for r in results), [r.error for r in results if r.error.code]
+    assert replica.limit is not None and replica.limit.limit <= 12, replica.limit.limit
+    assert f'nemo_gym_grpc_upstream_limit{{upstream="{server.url}"}} {replica.limit.limit}' in (
+        exported
+    )
+    assert f'nemo_gym_grpc_upstream_no_load_seconds{{upstream="{server.url}"}}' in exported
