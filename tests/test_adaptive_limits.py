@@ -75,11 +75,25 @@ def test_a_latency_step_is_followed_both_ways():
     assert min(back) == CEILING and limit.no_load == 0.010
 
 
-def test_failures_are_no_samples_and_starve_nothing():
-    replica = Replica("http://127.0.0.1:1", CEILING, adaptive=True)
-    before = replica.limit.size
-    # nothing but failures: upstream.post samples only 200 replies, so the limit stays
-    assert replica.limit.size == before and replica.limit.no_load == float("inf")
+async def test_a_burst_of_failures_moves_nothing_and_starves_no_server():
+    items = [
+        verify_pb2.VerifyRequest(request_id=f"i{n}", resources_server="s", completion="B")
+        for n in range(60)
+    ]
+    with CannedServer("127.0.0.5") as server:
+        server.answer("POST /verify", canned(503, b"overloaded"))
+        async with aiohttp.ClientSession() as session:
+            verifier = verifier_for(
+                Upstreams({"s": server.url}), session, adaptive_concurrency=True
+            )
+            failed = await asyncio.gather(*(verifier.verify(i, None) for i in items[:30]))
+            (replica,) = verifier.balancer.replicas()
+            after_failures = (replica.limit.limit, replica.limit.no_load)
+            server.answer("POST /verify", canned(200, b'{"reward": 1.0}'))
+            scored = await asyncio.gather(*(verifier.verify(i, None) for i in items[30:]))
+    assert all(r.error.code for r in failed)  # 503s, retried, then failed
+    assert after_failures == (INITIAL_LIMIT, float("inf"))
+    assert all(r.reward == 1.0 for r in scored)
 
 
 async def test_the_slots_follow_the_limit():

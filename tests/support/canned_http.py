@@ -28,8 +28,9 @@ def canned(status: int, body: bytes = b"", **headers: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
+class _Canned:
+    """What both kinds of server hold: the answers, the requests seen, the work per request."""
+
     allow_reuse_address = True
     request_queue_size = 1024
     answers: dict[str, bytes]
@@ -37,15 +38,13 @@ class _Server(socketserver.ThreadingTCPServer):
     work: float = 0.0
 
 
-class _OneAtATime(socketserver.TCPServer):
+class _Server(_Canned, socketserver.ThreadingTCPServer):
+    daemon_threads = True
+
+
+class _OneAtATime(_Canned, socketserver.TCPServer):
     """One request at a time, the others waiting in the listen backlog: a server whose
     latency grows with its load, as a single-process CPU-bound NeMo Gym server's does."""
-
-    allow_reuse_address = True
-    request_queue_size = 1024
-    answers: dict[str, bytes]
-    seen: list[str]
-    work: float = 0.0
 
 
 class _Handler(socketserver.StreamRequestHandler):
