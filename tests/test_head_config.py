@@ -222,4 +222,7 @@ async def test_a_server_that_moved_takes_items_again_once_the_head_server_lists_
     assert before.error.code == code_pb2.UNAVAILABLE  # refused, nowhere else to go yet
     assert first.reward == 1.0 and after.reward == 1.0, (first, after)
     assert moved.seen.count("POST /verify") == 2, moved.seen
-    assert headsrv.seen.count(CONFIG_PATH) == 2  # at the first item, and once it was refused
+    # read at the first item and again once refused (the first item's own retries, their
+    # backoff random, may come after the 0.2 s interval and read once more: the rate is
+    # test_callers_naming_unknown_servers_do_not_make_it_read_more_than_once_a_second's)
+    assert headsrv.seen.count(CONFIG_PATH) in (2, 3), headsrv.seen

@@ -150,3 +150,15 @@ async def test_a_post_redirect_is_a_typed_failure_naming_where_it_pointed(client
     assert f"a redirect to {target}, not followed" in result.error.message
     assert errors_of(result).metadata["redirectLocation"] == target
     assert elsewhere.seen == []
+
+
+async def test_a_seed_session_redirect_names_where_it_pointed_too():
+    with CannedServer("127.0.0.2") as elsewhere, CannedServer("127.0.0.5") as server:
+        target = f"{elsewhere.url}/seed_session"
+        server.answer("POST /seed_session", canned(302, Location=target))
+        async with aiohttp.ClientSession() as session:
+            verifier = verifier_for(Upstreams({"s": server.url}), session)
+            result = await verifier.verify(item("c", seed_session=True), None)
+    assert errors_of(result).reason == reasons.UPSTREAM_SESSION_FAILED
+    assert f"a redirect to {target}, not followed" in result.error.message
+    assert elsewhere.seen == []

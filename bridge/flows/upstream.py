@@ -110,8 +110,14 @@ def read(
     except errors.ItemError as exc:
         exc.latency_seconds = reply.seconds
         reports.attach(exc, reply.failure_report)
-        if reply.location and 300 <= reply.status < 400:  # not followed: say where it pointed
-            where = errors.upstream_text(reply.location, 200)
-            exc.message += f"; a redirect to {where}, not followed"
-            exc.metadata["redirectLocation"] = where
+        note_redirect(exc, reply)
         raise
+
+
+def note_redirect(error: errors.ItemError, reply: Reply) -> None:
+    """When `reply` is a 3xx with a Location, say in `error` where it pointed (its message and
+    `redirectLocation`): redirects are not followed."""
+    if reply.location and 300 <= reply.status < 400:
+        where = errors.upstream_text(reply.location, 200)
+        error.message += f"; a redirect to {where}, not followed"
+        error.metadata["redirectLocation"] = where

@@ -252,9 +252,11 @@ class Verifier:
         try:
             seeded = await self._post(replica, base, SEED_PATH, call, body, "", deadline, queued)
             if seeded.status != 200:
-                raise errors.http_status_error(
+                error = errors.http_status_error(
                     seeded.status, base + SEED_PATH, seeded.body, reasons.UPSTREAM_SESSION_FAILED
                 )
+                upstream.note_redirect(error, seeded)
+                raise error
             return sessions.cookie_header(seeded.set_cookies, base + SEED_PATH)
         except errors.ItemError as exc:
             exc.reason = reasons.UPSTREAM_SESSION_FAILED

@@ -12,5 +12,7 @@ probe (`http.py`, with the POST itself and its error mapping), and the head serv
 the row with its `responses_create_params` (`rows.py`) and the score in a reply (`scores.py`).
 `codec.py` is the JSON codec of the bodies;
 `reports.py` the failure report a later NeMo Gym may send (a reply header, an episode field),
-passed on opaque and bounded. `plain_http.py` is the bridge's own HTTP/1.1 client.
+passed on opaque and bounded. `plain_http.py` is the bridge's own HTTP/1.1 client;
+`framing.py` the reply-header limits it shares with the aiohttp session, and `destinations.py`
+the addresses either may dial.
 """
