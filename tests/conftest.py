@@ -142,6 +142,14 @@ def agent_stack(nemo_gym_venv: Path) -> Iterator[AgentStack]:
             )
 
 
+@pytest.fixture(scope="module")
+def agent_bridge(agent_stack: AgentStack) -> Iterator[BridgeProcess]:
+    """A bridge, one per test module, that discovers the agent stack's agents and environment
+    servers through its head server."""
+    with _start_bridge("--head-url", agent_stack.head_url) as bridge:
+        yield bridge
+
+
 @pytest.fixture(scope="session")
 def bridge_target(nemo_gym: NemoGymServers) -> Iterator[str]:
     """host:port of a bridge that discovers the session's servers through the head server."""

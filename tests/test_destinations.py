@@ -33,11 +33,15 @@ def policy(deny: tuple[str, ...] = (), allow: tuple[str, ...] = ()) -> destinati
 
 
 def test_the_rule_link_local_by_default_mapped_addresses_and_the_allow_list():
+    # the default deny list is the link-local ranges of both families (no such address named)
     default = destinations.Policy()
-    assert "169.254.0.0/16" in default.refuses("169.254.169.254")
-    assert "fe80::/10" in default.refuses("fe80::1%eth0")
-    assert "169.254.0.0/16" in default.refuses("::ffff:169.254.169.254")  # IPv4-mapped
+    assert {n.version for n in default.deny} == {4, 6}
+    assert all(n.is_link_local for n in default.deny)
     assert default.refuses("127.0.0.1") == "" and default.refuses("10.1.2.3") == ""
+    # how a range is matched, on loopback ranges: a scope id, an IPv4-mapped address
+    rule = policy(deny=("127.0.0.6/32", "::1/128"))
+    assert "::1/128" in rule.refuses("::1%lo")
+    assert "127.0.0.6/32" in rule.refuses("::ffff:127.0.0.6")  # IPv4-mapped
     only = policy(allow=("127.0.0.5/32",))
     assert only.refuses("127.0.0.5") == ""
     assert "none of the allowed ranges (127.0.0.5/32)" in only.refuses("127.0.0.7")

@@ -23,7 +23,6 @@ from nemo_gym_grpc.rewards import (
     run_rollouts,
 )
 from nemo_gym_grpc.v1 import rollout_pb2
-from tests.support import BridgeProcess, start_bridge
 from tests.support.policy_model import Knobs
 from tests.support.waiting import wait_until
 from tests.test_rollout_worker import args as worker_args
@@ -35,12 +34,6 @@ WORDS = 40_000  # each one token: its 48 letters, id and log-prob make 60 bytes 
 LONG_ANSWER = " ".join(["w" * 48] * WORDS)
 ROLLOUTS = 64
 WAIT = 600.0  # s, bound of every wait below
-
-
-@pytest.fixture(scope="module")
-def bridge(agent_stack) -> Iterator[BridgeProcess]:
-    with start_bridge("--head-url", agent_stack.head_url) as bridge:
-        yield bridge
 
 
 @pytest.fixture(autouse=True)
@@ -64,8 +57,8 @@ def rows_of(nemo_gym_venv) -> list[dict[str, Any]]:
     return [rows[k % len(rows)] for k in range(ROLLOUTS)]
 
 
-def test_64_rollouts_of_over_2_mib_all_come_back_through_runstream(bridge, nemo_gym_venv):
-    outcomes = run_rollouts(rows_of(nemo_gym_venv), target=bridge.target, batch_timeout=WAIT)
+def test_64_rollouts_of_over_2_mib_all_come_back_through_runstream(agent_bridge, nemo_gym_venv):
+    outcomes = run_rollouts(rows_of(nemo_gym_venv), target=agent_bridge.target, batch_timeout=WAIT)
     assert len(outcomes) == ROLLOUTS
     for outcome in outcomes:
         assert isinstance(outcome, rollout_pb2.RunResponse), outcome
@@ -75,9 +68,9 @@ def test_64_rollouts_of_over_2_mib_all_come_back_through_runstream(bridge, nemo_
     assert sum(o.ByteSize() for o in outcomes) > 2 * 64 * MiB  # several messages' worth
 
 
-def test_the_rollout_func_gets_64_rollouts_of_over_2_mib(bridge, nemo_gym_venv):
+def test_the_rollout_func_gets_64_rollouts_of_over_2_mib(agent_bridge, nemo_gym_venv):
     dataset = dataset_of(weather_rows(nemo_gym_venv))
-    rollout_func = create_nemo_gym_rollout_func(target=bridge.target, rows=dataset)
+    rollout_func = create_nemo_gym_rollout_func(target=agent_bridge.target, rows=dataset)
     tokenizer = types.SimpleNamespace(eos_token_id=2)  # what the rollout_func reads of TRL's
     trainer = types.SimpleNamespace(temperature=1.0, top_p=1.0, processing_class=tokenizer)
     prompts = [dataset[k % len(dataset)]["prompt"] for k in range(ROLLOUTS)]
@@ -86,10 +79,10 @@ def test_the_rollout_func_gets_64_rollouts_of_over_2_mib(bridge, nemo_gym_venv):
     assert all(len(ids) >= WORDS for ids in output["completion_ids"])
 
 
-def test_the_rollout_worker_trains_on_rollouts_of_over_2_mib(bridge, nemo_gym_venv):
+def test_the_rollout_worker_trains_on_rollouts_of_over_2_mib(agent_bridge, nemo_gym_venv):
     dataset = dataset_of(weather_rows(nemo_gym_venv))
     worker = create_nemo_gym_rollout_worker(
-        dataset, worker_args(max_inflight_tasks=16), target=bridge.target
+        dataset, worker_args(max_inflight_tasks=16), target=agent_bridge.target
     )
     worker.start()
     try:

@@ -51,13 +51,6 @@ def static_bridge(agent_stack: AgentStack) -> Iterator[BridgeProcess]:
         yield bridge
 
 
-@pytest.fixture(scope="module")
-def head_bridge(agent_stack: AgentStack) -> Iterator[BridgeProcess]:
-    """A bridge that discovers the agents from the stack's head server."""
-    with start_bridge("--head-url", agent_stack.head_url) as bridge:
-        yield bridge
-
-
 @pytest.fixture(autouse=True)
 def _policy_defaults(agent_stack: AgentStack) -> Iterator[None]:
     agent_stack.policy.reset()
@@ -115,9 +108,9 @@ def test_the_prompt_and_params_fields_build_the_row(static_bridge, weather_row):
 
 
 def test_agents_are_discovered_from_the_head_server_with_their_protocol(
-    agent_stack, head_bridge, weather_row
+    agent_stack, agent_bridge, weather_row
 ):
-    with rollout_stub(head_bridge) as stub:
+    with rollout_stub(agent_bridge) as stub:
         listed = stub.ListAgents(rollout_pb2.ListAgentsRequest(refresh=True), timeout=30)
         agents = {a.name: a for a in listed.agents}
         assert agents[WEATHER_AGENT].protocol == "agent"

@@ -27,7 +27,7 @@ from unittest import mock
 import pytest
 
 from nemo_gym_grpc.rewards import create_nemo_gym_rollout_worker
-from tests.support import BridgeProcess, Knobs, free_ports, start_bridge
+from tests.support import Knobs, free_ports, start_bridge
 from tests.support.docs import python_block
 from tests.support.policy_model import WEATHER_TOOL
 from tests.support.waiting import wait_until
@@ -39,12 +39,6 @@ pytestmark = pytest.mark.nemo_gym_07  # the masked row's agent (judge_failsafe) 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT = 120.0  # s, bound of every wait for a condition below
 SLOW_ROW = "humidity in sf"  # a weather row's user message: the slow agent's rollouts
-
-
-@pytest.fixture(scope="module")
-def bridge(agent_stack) -> Iterator[BridgeProcess]:
-    with start_bridge("--head-url", agent_stack.head_url) as bridge:
-        yield bridge
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +94,7 @@ def calls_tool(completion: list[dict[str, Any]]) -> bool:
 
 
 def test_async_grpo_trains_on_the_rollouts_as_they_finish(
-    agent_stack, nemo_gym_venv, bridge, tmp_path, caplog
+    agent_stack, nemo_gym_venv, agent_bridge, tmp_path, caplog
 ):
     import torch
 
@@ -115,7 +109,9 @@ def test_async_grpo_trains_on_the_rollouts_as_they_finish(
     model_dir = tmp_path / "model"
     tiny_llama(tokenizer).save_pretrained(model_dir)
     args = config(tmp_path, policy.url)
-    worker = create_nemo_gym_rollout_worker(dataset, args, target=bridge.target, max_inflight=6)
+    worker = create_nemo_gym_rollout_worker(
+        dataset, args, target=agent_bridge.target, max_inflight=6
+    )
     trainer, before, collated = train_recording(worker, model_dir, tokenizer, args, dataset)
 
     steps = [entry for entry in trainer.state.log_history if "loss" in entry]
@@ -211,7 +207,7 @@ def check_samples(samples: list[Any], masked_prompt: str, model_version: int) ->
 
 
 def test_a_slow_agent_holds_back_the_rollout_func_but_not_the_worker(
-    agent_stack, nemo_gym_venv, bridge, tmp_path
+    agent_stack, nemo_gym_venv, agent_bridge, tmp_path
 ):
     """One row's rollouts are held by the policy: the worker keeps training samples coming from
     the other rows, while the synchronous rollout_func on the same rows returns only once they
@@ -226,12 +222,14 @@ def test_a_slow_agent_holds_back_the_rollout_func_but_not_the_worker(
     assert sum(SLOW_ROW in json.dumps(row) for row in rows) == 1
     dataset = dataset_of(rows)
     args = config(tmp_path, policy.url)
-    rollout_func = create_nemo_gym_rollout_func(target=bridge.target, rows=dataset)
+    rollout_func = create_nemo_gym_rollout_func(target=agent_bridge.target, rows=dataset)
     trainer = mock.Mock(temperature=1.0, top_p=1.0, processing_class=toy_tokenizer())
     prompts = [row["prompt"] for row in dataset for _ in range(2)]
     synchronous: list[dict[str, Any]] = []
     sync_call = threading.Thread(target=lambda: synchronous.append(rollout_func(prompts, trainer)))
-    worker = create_nemo_gym_rollout_worker(dataset, args, target=bridge.target, max_inflight=4)
+    worker = create_nemo_gym_rollout_worker(
+        dataset, args, target=agent_bridge.target, max_inflight=4
+    )
     sync_call.start()
     worker.start()
     try:
@@ -292,12 +290,12 @@ def test_a_bridge_that_dies_is_reported_and_its_rollouts_are_sent_again(
 
 
 def test_streams_are_rotated_before_their_deadline_without_losing_rollouts(
-    agent_stack, nemo_gym_venv, bridge, tmp_path
+    agent_stack, nemo_gym_venv, agent_bridge, tmp_path
 ):
     dataset = dataset_of(weather_rows(nemo_gym_venv))
     args = config(tmp_path, agent_stack.policy.url)
     worker = create_nemo_gym_rollout_worker(
-        dataset, args, target=bridge.target, max_inflight=4, stream_timeout=6.0
+        dataset, args, target=agent_bridge.target, max_inflight=4, stream_timeout=6.0
     )
     worker.start()
     try:

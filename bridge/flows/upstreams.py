@@ -54,7 +54,7 @@ class Kind:
 
     Attributes:
         noun: the servers' name in messages, e.g. "resources server".
-        blocks: {head-server config block: protocol} discovered (`nemo_gym.head.parse_servers`).
+        blocks: {head-server config block: protocol} discovered (`nemo_gym.head.list_servers`).
         unknown_reason: the ErrorInfo reason of an unknown name (NOT_FOUND).
         field: the ErrorInfo metadata key that names the server.
         log_field: the log record field that names it.

@@ -127,17 +127,16 @@ async def _unready(route: Route, target: str, stop: asyncio.Event) -> str | None
     once: refused, or a failed TLS handshake; or nothing within the connect timeout), or ""
     when `stop` was set first."""
     async with channels.aio_channel(target, route.security) as channel:
-        connected = channels.ready(channel, route.connect_timeout, refused_fails=True)
-        waits = [asyncio.ensure_future(connected), asyncio.ensure_future(stop.wait())]
-        done, _ = await asyncio.wait(
-            waits, timeout=route.connect_timeout, return_when=asyncio.FIRST_COMPLETED
-        )
+        ready = channels.ready(channel, route.connect_timeout, refused_fails=True)
+        waits = [asyncio.ensure_future(ready), asyncio.ensure_future(stop.wait())]
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
             wait.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
-    if waits[0] in done and waits[0].result() is not None:
-        if waits[0].result():
-            return None
+    connected = waits[0].result() if waits[0] in done else None  # None: not within the time
+    if connected:
+        return None
+    if connected is False:
         plain = route.target and not route.security.ca  # a configured bridge, in plaintext
         hint = f"; a bridge serving TLS needs {settings.CA_ENV}" if plain else ""
         return f"cannot connect to the bridge at {target} (refused?{hint})"
