@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from benchmarks import server_cost  # noqa: E402
+
 # Issue 4's targets, one row each: name, target text, path to the measured value under
 # results["scenarios"] (None: the best capacity over the --workers counts), bound, whether the
 # value must be at least (True) or at most (False) the bound, unit shown after the value.
@@ -227,6 +229,7 @@ TEXTS: dict[str, Callable[[dict], list[str]]] = {
     "3_scale": _scale_text,
     "4_capacity": _capacity_text,
     "5_added_latency": _added_latency_text,
+    "6_server_cost": server_cost.markdown_lines,
 }
 
 
