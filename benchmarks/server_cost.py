@@ -4,7 +4,7 @@ aiohttp fan-out (64 connections, the yardstick) and for `reward_nemo_gym_verify`
 bridges that differ in one flag each; rounds rotate the order of the paths.
 
     python -m benchmarks.server_cost [--version 0.7.0] [--pinned] [--rounds 5] [--items 1000]
-                                     [--paths defaults,fixed_256,max_in_flight_8,...]
+                                     [--paths defaults,fixed_256,fixed_8,...]
 
 `--pinned`: the server's threads on CPU 0, this process (the callers) and every bridge on
 CPU 1, so that the server's CPU is its own and not what the callers leave it. Ratios are
@@ -32,10 +32,10 @@ from tests.support import NemoGymServers, example_rows, start_bridge
 # Path name -> the bridge flags that make it (the table).
 PATHS: dict[str, tuple[str, ...]] = {
     "defaults": (),
-    "adaptive": ("--adaptive-concurrency",),
+    "fixed_256": ("--fixed-concurrency", "256"),
     "aiohttp": ("--upstream-client", "aiohttp"),
     "no_rollout_correlation": ("--no-rollout-correlation",),
-    **{f"max_in_flight_{n}": ("--max-in-flight", str(n)) for n in (64, 32, 16, 8, 4)},
+    **{f"fixed_{n}": ("--fixed-concurrency", str(n)) for n in (64, 32, 16, 8, 4)},
 }
 DIRECT_CONCURRENCY = 64
 SERVER_CPUS, CALLER_CPUS = {0}, {1}

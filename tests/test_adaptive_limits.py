@@ -1,6 +1,7 @@
-"""The adaptive concurrency limit (`--adaptive-concurrency`, bridge/flows/limits.py): it settles
-a few calls above a CPU-bound server's knee, grows to the ceiling on a server whose latency
-does not grow with load, follows a latency step both ways, ignores failures, and the slots of a
+"""The adaptive concurrency limit (bridge/flows/limits.py): it keeps a standing queue of
+QUEUE_LOW..QUEUE_HIGH calls at a CPU-bound server, grows to the ceiling on a server whose latency
+does not grow with load, drops at once from far past the knee, follows a latency step both
+ways, is shared by two bridges in front of one server, ignores failures, and the slots of a
 replica follow it.
 
 The first tests drive the rule with server models (latency as a function of the calls in
@@ -12,12 +13,13 @@ as a single-process CPU-bound NeMo Gym server does.
 from __future__ import annotations
 
 import asyncio
+import collections
 
 import aiohttp
 from prometheus_client import generate_latest
 
 from nemo_gym_grpc.bridge.flows.balancer import Replica
-from nemo_gym_grpc.bridge.flows.limits import INITIAL_LIMIT, Limit
+from nemo_gym_grpc.bridge.flows.limits import INITIAL_LIMIT, QUEUE_HIGH, QUEUE_LOW, Limit
 from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.v1 import verify_pb2
 from tests.support.canned_http import CannedServer, canned
@@ -46,20 +48,48 @@ def run(limit: Limit, latency, samples: int, ramp: bool = True) -> list[int]:
     return sizes
 
 
-def test_a_cpu_bound_server_gets_a_few_calls_above_its_knee():
+def test_a_cpu_bound_server_keeps_a_small_standing_queue():
     limit = Limit(CEILING)
     sizes = run(limit, lambda load: 0.002 * load, 5000)  # one call at a time, 2 ms each
     late = sizes[-2000:]  # about 5 s
     calibrating = late.count(1)  # re-measuring the no-load latency: a few calls now and then
     assert 0 < calibrating < len(late) / 20, calibrating
-    assert all(3 <= size <= 10 for size in late if size != 1), late[-20:]
+    # `load` calls in flight queue load - 1 of them: the limit is a queue of LOW..HIGH plus one
+    assert all(QUEUE_LOW <= size <= QUEUE_HIGH + 2 for size in late if size != 1), late[-20:]
     assert abs(limit.no_load - 0.002) < 1e-9
 
 
-def test_a_server_whose_latency_does_not_grow_gets_the_ceiling_fast():
+def test_a_server_whose_latency_does_not_grow_gets_the_ceiling_within_its_first_answers():
+    for ceiling in (CEILING, 16384):
+        limit = Limit(ceiling)
+        sizes = run(limit, lambda load: 1.0, 40)
+        # the first INITIAL_LIMIT answers (one second of model time) take it there
+        assert sizes.index(ceiling) <= INITIAL_LIMIT, sizes
+
+
+def test_a_limit_far_past_the_knee_drops_at_once():
     limit = Limit(CEILING)
-    sizes = run(limit, lambda load: 1.0, 200)
-    assert sizes.index(CEILING) < 60, sizes[:60]
+    run(limit, lambda load: 0.002, 100)  # latency flat: the ceiling
+    assert limit.size == CEILING
+    (size,) = run(limit, lambda load: 0.002 * load, 1, ramp=False)  # now one call at a time
+    assert QUEUE_LOW <= size <= QUEUE_LOW + 2, size
+
+
+def test_two_bridges_in_front_of_one_server_share_its_queue():
+    first, second = Limit(CEILING), Limit(CEILING)
+    sizes = []
+    for _ in range(4000):
+        rtt = 0.002 * (first.size + second.size)  # one server, one call at a time
+        Clock.now += 0.001
+        sizes.append(
+            (first.sample(rtt, first.size, Clock.now), second.sample(rtt, second.size, Clock.now))
+        )
+    late = sizes[-1000:]  # about 1 s
+    # each keeps its own queue of LOW..HIGH in front of the other's: the total at most twice
+    # one bridge's, shared fairly (outside the few calls of a re-measurement)
+    settled = [(a, b) for a, b in late if QUEUE_LOW <= a + b <= 2 * QUEUE_HIGH + 2]
+    assert len(settled) >= 0.95 * len(late), collections.Counter(late).most_common(5)
+    assert all(abs(a - b) <= 2 for a, b in settled), settled[-20:]
 
 
 def test_a_latency_step_is_followed_both_ways():
@@ -83,9 +113,7 @@ async def test_a_burst_of_failures_moves_nothing_and_starves_no_server():
     with CannedServer("127.0.0.5") as server:
         server.answer("POST /verify", canned(503, b"overloaded"))
         async with aiohttp.ClientSession() as session:
-            verifier = verifier_for(
-                Upstreams({"s": server.url}), session, adaptive_concurrency=True
-            )
+            verifier = verifier_for(Upstreams({"s": server.url}), session)
             failed = await asyncio.gather(*(verifier.verify(i, None) for i in items[:30]))
             (replica,) = verifier.balancer.replicas()
             after_failures = (replica.limit.limit, replica.limit.no_load)
@@ -115,7 +143,7 @@ async def test_the_slots_follow_the_limit():
     third.cancel()
 
 
-async def test_over_http_a_one_at_a_time_server_gets_a_few_calls_not_the_ceiling():
+async def test_over_http_a_one_at_a_time_server_gets_its_queue_not_the_ceiling():
     items = [
         verify_pb2.VerifyRequest(request_id=f"i{n}", resources_server="s", completion="B")
         for n in range(400)
@@ -123,15 +151,13 @@ async def test_over_http_a_one_at_a_time_server_gets_a_few_calls_not_the_ceiling
     with CannedServer("127.0.0.5", work=0.002, one_at_a_time=True) as server:
         server.answer("POST /verify", canned(200, b'{"reward": 1.0}'))
         async with aiohttp.ClientSession() as session:
-            verifier = verifier_for(
-                Upstreams({"s": server.url}), session, adaptive_concurrency=True
-            )
+            verifier = verifier_for(Upstreams({"s": server.url}), session)
             results = await asyncio.gather(*(verifier.verify(i, None) for i in items))
             (replica,) = verifier.balancer.replicas()
             verifier.metrics.watch(verifier.balancer, lambda: 0)
             exported = generate_latest(verifier.metrics.registry).decode()
     assert all(r.reward == 1.0 for r in results), [r.error for r in results if r.error.code]
-    assert replica.limit is not None and replica.limit.limit <= 12, replica.limit.limit
+    assert replica.limit is not None and replica.limit.limit <= QUEUE_HIGH + 8, replica.limit.limit
     assert f'nemo_gym_grpc_upstream_limit{{upstream="{server.url}"}} {replica.limit.limit}' in (
         exported
     )

@@ -317,13 +317,13 @@ def test_bad_environment_values_exit_2_like_bad_flags(monkeypatch, capsys, name,
 
 def test_a_flag_beats_its_variable_which_beats_the_default(monkeypatch):
     monkeypatch.delenv("NEMO_GYM_GRPC_MAX_IN_FLIGHT", raising=False)
-    assert BridgeConfig.from_args(parse_args(["serve"])).max_in_flight == 256
+    assert BridgeConfig.from_args(parse_args(["serve"])).max_in_flight == 16384
     monkeypatch.setenv("NEMO_GYM_GRPC_MAX_IN_FLIGHT", " 7 ")
     assert BridgeConfig.from_args(parse_args(["serve"])).max_in_flight == 7
     given = parse_args(["serve", "--max-in-flight", "9"])
     assert BridgeConfig.from_args(given).max_in_flight == 9
     monkeypatch.setenv("NEMO_GYM_GRPC_MAX_IN_FLIGHT", "")  # blank = unset
-    assert BridgeConfig.from_args(parse_args(["serve"])).max_in_flight == 256
+    assert BridgeConfig.from_args(parse_args(["serve"])).max_in_flight == 16384
 
 
 def test_a_bad_variable_is_not_read_when_its_flag_is_given(monkeypatch):

@@ -1,31 +1,44 @@
-"""An adaptive concurrency limit per upstream replica (`--adaptive-concurrency`): each NeMo Gym
-server gets as many calls at once as it serves without queueing them, between 1 and
-`--max-in-flight`, found from the latency of its calls.
+"""An adaptive concurrency limit per upstream replica (on by default; `--fixed-concurrency`
+turns it off): each NeMo Gym server gets as many calls at once as keep a small standing queue
+at it, between 1 and `--max-in-flight`, found from the latency of its calls.
 
 The rule is TCP Vegas's, as Netflix's concurrency-limits library (`VegasLimit`) applies it to
 requests. With `no_load` the latency of a call that meets no queue and `rtt` a call's latency,
-about `limit x (1 - no_load / rtt)` calls were queued at the server; the limit grows by
-6 log10(limit) while that queue is at most log10(limit), by log10(limit) while it is under
-3 log10(limit), shrinks by log10(limit) while it is over 6 log10(limit), and stays between.
-A CPU-bound server (one uvicorn process: past its knee a call's latency is the calls ahead of
-it times the work of one) settles a few calls above its knee; a server whose latency does not
-grow with load (a judge, a sandbox) grows to the ceiling, by 6 log10(limit) per call.
+about `queued = limit x (1 - no_load / rtt)` calls wait at the server. The limit holds while
+that queue is between QUEUE_LOW and QUEUE_HIGH (or Vegas's 3 and 6 log10(limit), if larger),
+grows by log10(limit) under it and shrinks by as much over it, with two fast paths:
 
-Why Vegas, of the three the issue names: Netflix's Gradient2 compares a short to a long
-average latency; it reacts to a sudden change but, as the long average follows the short one,
-keeps growing on a server whose latency rises with its load. Vegas's estimate stops at the
-knee, given the no-load latency, which is what needs care:
+- a queue under half of QUEUE_LOW means the server is not what holds the calls back: the limit
+  doubles (a server whose latency does not grow with load, a judge or a sandbox, reaches the
+  ceiling within a few calls of its first answers: 16,384 calls of 1 s in about 2 s);
+- a queue over twice the high mark means the limit is far past the knee (a start against a
+  CPU-bound server, a server that slowed down): it drops at once to where that queue would be
+  QUEUE_LOW, `limit x no_load / rtt + QUEUE_LOW`, as Netflix's Gradient2 does with its
+  gradient, instead of one step per call.
+
+Why a standing queue of QUEUE_LOW..QUEUE_HIGH and not Vegas's 3..6 calls: a single-process
+uvicorn server (most NeMo Gym resources servers) spends the least CPU per request when a dozen
+or two wait (each event-loop turn then serves several); measured on real mcqa
+(`benchmarks.server_cost`, pinned): fixed limits 16 and 32 cost it 0.92-0.94x the CPU per item
+of a 64-connection direct client, 8 about 1.0x, 4 1.08x, 256 1.2-1.3x. The queue targets are
+counts at the server, so several bridges in front of one server share them: each sees the
+others' calls in its latency and backs off.
+
+Why Vegas, of the three the issue names: Gradient2 alone compares a short to a long average
+latency; it reacts to a sudden change but, as the long average follows the short one, keeps
+growing on a server whose latency rises with its load. Vegas's estimate stops at the knee,
+given the no-load latency, which is what needs care:
 
 - a call sent while no other call was in flight on its replica (LOW_LOAD) met no queue; the
   no-load latency is the least of the last NO_LOAD_SAMPLES such calls (or of any faster call),
   so a server that speeds up lowers it at once;
-- a limit held down by a queue estimate (more than log10(limit) calls queued) with no such call
-  for CALIBRATE_AFTER seconds is re-measured as Envoy's adaptive concurrency filter does: the
-  replica's slots drop to LOW_LOAD until CALIBRATION_SAMPLES calls met no queue, and the
-  no-load latency is theirs. That is what follows a server that slowed down (a latency step
-  looks like a queue to Vegas). Unlike Envoy's, it runs only while the limit is held by the
-  queue estimate, never on a server whose latency does not grow with load, whose flow it
-  would stall, and it costs a CPU-bound server a few calls every CALIBRATE_AFTER seconds.
+- a limit held down by a queue (more than the low mark) with no such call for CALIBRATE_AFTER
+  seconds is re-measured as Envoy's adaptive concurrency filter does: the replica's slots drop
+  to LOW_LOAD until CALIBRATION_SAMPLES calls met no queue, and the no-load latency is theirs.
+  That is what follows a server that slowed down (a latency step looks like a queue to Vegas).
+  Unlike Envoy's, it runs only while the limit is held by the queue, never on a server whose
+  latency does not grow with load, whose flow it would stall, and it costs a CPU-bound server
+  a few calls every CALIBRATE_AFTER seconds.
 """
 
 from __future__ import annotations
@@ -33,6 +46,9 @@ from __future__ import annotations
 import math
 from collections import deque
 
+# The standing queue at a server the limit keeps, calls (module docstring).
+QUEUE_LOW = 12.0
+QUEUE_HIGH = 24.0
 # A call sent with at most this many calls in flight on its replica (itself) met no queue.
 LOW_LOAD = 1
 # The no-load latency is the least of the last this many such calls.
@@ -83,23 +99,32 @@ class Limit:
             self.no_load = min(self._low)
             self._last_low = now
         limit = self._limit
-        if load * 2 < limit or rtt <= 0.0:
+        if rtt <= 0.0:
             return self.size
-        step = math.log10(limit) if limit > 10.0 else 1.0
+        if load >= QUEUE_LOW and load * (1.0 - self.no_load / rtt) < QUEUE_LOW / 2.0:
+            return self._set(limit * 2.0)  # that many at once and no queue: not the knee
+        if load * 2 < limit:
+            return self.size  # the calls were too few to tell of the limit
         queued = limit * (1.0 - self.no_load / rtt)
-        if queued > step and now - self._last_low > CALIBRATE_AFTER:
+        low = max(QUEUE_LOW, 3.0 * math.log10(limit))
+        high = max(QUEUE_HIGH, 6.0 * math.log10(limit))
+        if queued > low and now - self._last_low > CALIBRATE_AFTER:
             self._calibrating = True
             self._low.clear()
             self.size = min(LOW_LOAD, self.size)
             return self.size
-        if queued <= step:
-            limit += 6.0 * step
-        elif queued < 3.0 * step:
-            limit += step
-        elif queued > 6.0 * step:
-            limit -= step
+        if queued < low:
+            limit += max(1.0, math.log10(limit))
+        elif queued > 2.0 * high:
+            limit = limit * self.no_load / rtt + low
+        elif queued > high:
+            limit -= max(1.0, math.log10(limit))
         else:
             return self.size
+        return self._set(limit)
+
+    def _set(self, limit: float) -> int:
+        """The limit is `limit` (bounded to 1..ceiling); returns the new `size`."""
         self._limit = limit = min(max(limit, 1.0), float(self._ceiling))
         self.size = int(limit)
         return self.size

@@ -43,8 +43,9 @@ class Verifier:
         client: the bridge's upstream HTTP client (`nemo_gym.http.Client`), owned by the
             caller.
         default_timeout: seconds for one upstream call when the item sets none.
-        max_in_flight: most concurrent calls per upstream base URL (replica). Further items
-            wait for a slot; the wait does not count against their own timeout, only against
+        max_in_flight: most concurrent calls per upstream base URL (replica): the ceiling of
+            its adaptive limit, or its slots when `adaptive_concurrency` is False. Further
+            items wait for a slot; the wait does not count against their own timeout, only against
             the RPC deadline (and is reported as `queuedSeconds` when that cuts an item short).
         retry: the retry policy (`attempts.RetryPolicy`).
         max_item_bytes: largest item accepted, in serialized bytes (`VerifyRequest.ByteSize()`);
@@ -54,8 +55,8 @@ class Verifier:
         metrics: where outcomes, latencies and retries are counted.
         rollout_correlation: send an item's calls under `/ng-rollout/<request_id>` to the
             replicas that take that prefix (NeMo Gym 0.7); False = plain routes only.
-        adaptive_concurrency: each replica's slots follow its adaptive limit (`limits`), with
-            `max_in_flight` as the ceiling.
+        adaptive_concurrency: each replica's slots follow its adaptive limit (`limits`);
+            False = `max_in_flight` slots each (`--fixed-concurrency`).
 
     Attributes:
         balancer: the replicas called so far and their load.
@@ -74,7 +75,7 @@ class Verifier:
         session_servers: Iterable[str],
         metrics: Metrics,
         rollout_correlation: bool = True,
-        adaptive_concurrency: bool = False,
+        adaptive_concurrency: bool = True,
     ) -> None:
         self.upstreams = upstreams
         self._client = client

@@ -80,6 +80,7 @@ def check_limits(config: BridgeConfig) -> None:
         ("--max-stream-items", config.max_stream_items),
         ("--max-batch-items", config.max_batch_items),
         ("--max-in-flight", config.max_in_flight),
+        ("--fixed-concurrency", config.fixed_concurrency),
         ("--max-streams", config.max_streams),
         ("--agent-concurrency", config.agent_concurrency),
     ):

@@ -179,14 +179,16 @@ class BridgeConfig:
     )
     max_in_flight: int = option(
         "--max-in-flight",
-        "most concurrent /verify calls per upstream (with --adaptive-concurrency, the ceiling)",
-        type=positive_int, default=256, metavar="N",
+        "most concurrent /verify calls per upstream: the ceiling of its adaptive limit (each "
+        "upstream's calls follow a limit found from their latency, TCP Vegas's rule keeping a "
+        "small standing queue at the server; docs/performance.md)",
+        type=positive_int, default=16384, metavar="N",
     )  # fmt: skip
-    adaptive_concurrency: bool = option(
-        "--adaptive-concurrency",
-        "each upstream's concurrent /verify calls follow a limit found from their latency "
-        "(TCP Vegas's rule; docs/performance.md), up to --max-in-flight",
-        kind="switch", default=False,
+    fixed_concurrency: int | None = option(
+        "--fixed-concurrency",
+        "each upstream gets exactly N concurrent /verify calls, no adaptive limit "
+        "(--max-in-flight is then unused)",
+        type=positive_int, default=None, metavar="N",
     )  # fmt: skip
     retry: RetryPolicy = setting(
         Flag(

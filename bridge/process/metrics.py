@@ -13,9 +13,9 @@
   `resources_server`;
 - `nemo_gym_grpc_upstream_in_flight` / `nemo_gym_grpc_upstream_waiting` (gauges): calls
   holding a slot / items waiting for one, by `upstream` (base URL of the replica);
-- `nemo_gym_grpc_upstream_limit` / `nemo_gym_grpc_upstream_no_load_seconds` (gauges): with
-  `--adaptive-concurrency`, each replica's limit and the no-load latency it was found from
-  (`flows/limits.py`), by `upstream`;
+- `nemo_gym_grpc_upstream_limit` / `nemo_gym_grpc_upstream_no_load_seconds` (gauges):
+  each replica's adaptive limit and the no-load latency it was found from (`flows/limits.py`;
+  none with `--fixed-concurrency`), by `upstream`;
 - `nemo_gym_grpc_active_streams` (gauge): open VerifyStream and RunStream calls;
 - `nemo_gym_grpc_rollouts_total` (counter): rollouts answered (Run, RunStream), by `agent`,
   `outcome`, `code` and `reason` as for items;
@@ -173,12 +173,12 @@ class _LoadCollector:
         )
         waiting = GaugeMetricFamily(
             "nemo_gym_grpc_upstream_waiting",
-            "Items waiting for a slot of an upstream (--max-in-flight), by base URL.",
+            "Items waiting for a slot of an upstream (its concurrency limit), by base URL.",
             labels=["upstream"],
         )
         limit = GaugeMetricFamily(
             "nemo_gym_grpc_upstream_limit",
-            "The adaptive concurrency limit of an upstream (--adaptive-concurrency), by base URL.",
+            "The adaptive concurrency limit of an upstream, by base URL.",
             labels=["upstream"],
         )
         no_load = GaugeMetricFamily(

@@ -24,6 +24,7 @@ from nemo_gym_grpc.bridge.flows.upstreams import AGENTS, Upstreams
 from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.nemo_gym import destinations, framing, http
 from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
+from nemo_gym_grpc.bridge.process import descriptors
 from nemo_gym_grpc.bridge.process.allocator import return_large_frees
 from nemo_gym_grpc.bridge.process.checks import check_exposure, check_limits, check_tls
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
@@ -213,13 +214,13 @@ def _flows(
         upstreams=upstreams,
         client=client,
         default_timeout=config.verify_timeout,
-        max_in_flight=config.max_in_flight,
+        max_in_flight=config.fixed_concurrency or config.max_in_flight,
         retry=config.retry,
         max_item_bytes=config.max_item_bytes,
         session_servers=config.session_servers,
         metrics=metrics,
         rollout_correlation=config.rollout_correlation,
-        adaptive_concurrency=config.adaptive_concurrency,
+        adaptive_concurrency=config.fixed_concurrency is None,
     )
     runner = Runner(
         agents,
@@ -386,9 +387,10 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
 def run(config: BridgeConfig) -> None:
     """Run `serve(config)` to completion on a new event loop: uvloop's where it is installed
     (measured here: fewer CPU microseconds per item than asyncio's default loop), else
-    asyncio's, with large freed blocks returned to the system (`allocator`). Raises what
-    `serve` raises."""
+    asyncio's, with large freed blocks returned to the system (`allocator`) and the open-files
+    limit raised for its limits (`descriptors`). Raises what `serve` raises."""
     return_large_frees()
+    descriptors.raise_limit(config.max_in_flight + config.max_connections + 1024)
     try:
         import uvloop
     except ImportError:
