@@ -4,7 +4,8 @@ at it, between 1 and `--max-in-flight`, found from the latency of its calls.
 
 The rule is TCP Vegas's, as Netflix's concurrency-limits library (`VegasLimit`) applies it to
 requests. With `no_load` the latency of a call that meets no queue and `rtt` a call's latency,
-about `queued = limit x (1 - no_load / rtt)` calls wait at the server. The limit holds while
+about `queued = load x (1 - no_load / rtt)` calls waited at the server for a call sent with
+`load` calls in flight. The limit holds while
 that queue is between QUEUE_LOW and QUEUE_HIGH (or Vegas's 3 and 6 log10(limit), if larger),
 grows by log10(limit) under it and shrinks by as much over it, with two fast paths:
 
@@ -12,9 +13,10 @@ grows by log10(limit) under it and shrinks by as much over it, with two fast pat
   doubles (a server whose latency does not grow with load, a judge or a sandbox, reaches the
   ceiling within a few calls of its first answers: 16,384 calls of 1 s in about 2 s);
 - a queue over twice the high mark means the limit is far past the knee (a start against a
-  CPU-bound server, a server that slowed down): it drops at once to where that queue would be
-  QUEUE_LOW, `limit x no_load / rtt + QUEUE_LOW`, as Netflix's Gradient2 does with its
-  gradient, instead of one step per call.
+  cold or CPU-bound server, a server that slowed down): it drops at once to where that queue
+  would be QUEUE_LOW, `load x no_load / rtt + QUEUE_LOW`, as Netflix's Gradient2 does with its
+  gradient, instead of one step per call, even while fewer calls than the limit are asked for
+  (a limit that grew past the demand would otherwise never hear of the queue).
 
 Why a standing queue of QUEUE_LOW..QUEUE_HIGH and not Vegas's 3..6 calls: a single-process
 uvicorn server (most NeMo Gym resources servers) spends the least CPU per request when a dozen
@@ -101,11 +103,7 @@ class Limit:
         limit = self._limit
         if rtt <= 0.0:
             return self.size
-        if load >= QUEUE_LOW and load * (1.0 - self.no_load / rtt) < QUEUE_LOW / 2.0:
-            return self._set(limit * 2.0)  # that many at once and no queue: not the knee
-        if load * 2 < limit:
-            return self.size  # the calls were too few to tell of the limit
-        queued = limit * (1.0 - self.no_load / rtt)
+        queued = load * (1.0 - self.no_load / rtt)  # the calls this one found waiting
         low = max(QUEUE_LOW, 3.0 * math.log10(limit))
         high = max(QUEUE_HIGH, 6.0 * math.log10(limit))
         if queued > low and now - self._last_low > CALIBRATE_AFTER:
@@ -113,10 +111,14 @@ class Limit:
             self._low.clear()
             self.size = min(LOW_LOAD, self.size)
             return self.size
+        if queued > 2.0 * high:  # far past the knee, whatever the limit allowed
+            return self._set(min(limit, load * self.no_load / rtt + low))
+        if load >= QUEUE_LOW and queued < low / 2.0:
+            return self._set(limit * 2.0)  # that many at once and no queue: not the knee
+        if load * 2 < limit:
+            return self.size  # too few calls to tell of the limit
         if queued < low:
             limit += max(1.0, math.log10(limit))
-        elif queued > 2.0 * high:
-            limit = limit * self.no_load / rtt + low
         elif queued > high:
             limit -= max(1.0, math.log10(limit))
         else:
