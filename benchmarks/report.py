@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmarks import server_cost  # noqa: E402
+from benchmarks import latency_step, server_cost  # noqa: E402
 
 # Issue 4's targets, one row each: name, target text, path to the measured value under
 # results["scenarios"] (None: the best capacity over the --workers counts), bound, whether the
@@ -230,6 +230,7 @@ TEXTS: dict[str, Callable[[dict], list[str]]] = {
     "4_capacity": _capacity_text,
     "5_added_latency": _added_latency_text,
     "6_server_cost": server_cost.markdown_lines,
+    "7_latency_step": latency_step.markdown_lines,
 }
 
 

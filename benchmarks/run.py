@@ -7,7 +7,8 @@ Scenarios: 1 real NeMo Gym mcqa (seed loop vs aiohttp fan-out vs bridge), 2 late
 upstream (20 ms, 500 ms), 3 16,384 items in flight, 4 bridge capacity (--workers 1 and 2,
 or the --scaling list; beside it the direct aiohttp fan-out's CPU per request, issue 13's
 yardstick), 5 added latency at concurrency 1, 6 what each path costs real mcqa (issue 37:
-`benchmarks.server_cost`, both NeMo Gym versions, pinned and unpinned). Writes results.json,
+`benchmarks.server_cost`, both NeMo Gym versions, pinned and unpinned), 7 the adaptive limit
+after a latency step 10 ms -> 500 ms -> 10 ms (`benchmarks.latency_step`). Writes results.json,
 results.md and one PNG per scenario (1-5) to --out, and prints the markdown. Every server it
 starts (ng_run, scripted upstreams, bridges) listens on 127.0.0.1 and is stopped by its
 recorded PID.
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import procs, report, scenarios, server_cost
+from benchmarks import latency_step, procs, report, scenarios, server_cost
 
 SCENARIOS = {
     1: ("1_mcqa", scenarios.real_mcqa),
@@ -31,6 +32,7 @@ SCENARIOS = {
     4: ("4_capacity", scenarios.capacity),
     5: ("5_added_latency", scenarios.added_latency),
     6: ("6_server_cost", server_cost.scenario),
+    7: ("7_latency_step", latency_step.scenario),
 }
 
 QUICK = scenarios.Settings(
@@ -59,7 +61,7 @@ def _arguments() -> argparse.Namespace:
     """The command line of the module docstring, parsed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=procs.HERE / "results")
-    parser.add_argument("--only", default="1,2,3,4,5,6", help="comma-separated scenario numbers")
+    parser.add_argument("--only", default="1,2,3,4,5,6,7", help="comma-separated scenario numbers")
     parser.add_argument(
         "--rounds", type=int, help="repeats per measurement (default 3; 5 for scenario 1)"
     )

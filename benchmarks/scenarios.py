@@ -13,6 +13,7 @@ from pathlib import Path
 
 from benchmarks import clients, procs
 from benchmarks.clients import Item
+from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from tests.support import BridgeProcess, NemoGymServers, start_bridge
 
 Log = Callable[[str], None]
@@ -24,7 +25,7 @@ class Settings:
 
     rounds: int = 3
     mcqa_rounds: int = 5  # scenario 1 (a real NeMo Gym server sharing the cores) is noisiest
-    concurrency: int = 256  # (b)'s C and the bridge's --max-in-flight (its default)
+    concurrency: int = 256  # (b)'s C and the bridge's --max-in-flight (its adaptive ceiling)
     mcqa_items: int = 1000
     latency_items: int = 1024
     latencies: tuple[float, ...] = (0.02, 0.5)
@@ -179,15 +180,16 @@ def _downsample(timeline: list[tuple[float, int]], points: int = 200) -> list[li
 
 
 def _scale_round(requests_: list, latency: float, profile: Path | None = None) -> dict:
-    """All of `requests_` on one VerifyStream, with a fresh upstream and bridge."""
-    n = str(len(requests_))
+    """All of `requests_` at once, with a fresh upstream and a bridge with its defaults (its
+    adaptive limit finds the upstream's latency flat), over as many VerifyStreams as its
+    `--max-stream-items` (4,096) takes."""
+    streams = -(-len(requests_) // BridgeConfig().max_stream_items)
     with procs.Upstream(latency) as up:
-        args = ("--server", f"mcqa={up.url}", "--max-in-flight", n, "--max-stream-items", n)
-        with start_bridge(*args, "--verify-timeout", "60") as bridge:
+        with start_bridge("--server", f"mcqa={up.url}", "--verify-timeout", "60") as bridge:
             idle_rss = procs.peak_rss_mb(bridge.pid)
             cpu0 = procs.cpu_mark(bridge.pid).seconds
             with procs.profiled(bridge.pid, profile) if profile else contextlib.nullcontext():
-                run = clients.stream_run(bridge.target, requests_, streams=1)
+                run = clients.stream_run(bridge.target, requests_, streams=streams)
             return {
                 "wall_s": round(run.wall, 4),
                 "first_result_s": round(run.first, 4),
@@ -209,7 +211,7 @@ def _scale_direct_s(items: list[Item], latency: float) -> float:
 
 
 def scale(s: Settings, rows: list[dict], log: Log) -> dict:
-    """Scenario 3: `scale_items` items in flight at once on one VerifyStream against an
+    """Scenario 3: `scale_items` items in flight at once on VerifyStreams against an
     upstream with `scale_latency` s latency, and in every round (the order swapped each round)
     the direct aiohttp fan-out of the same items; a fresh upstream (and bridge) per run."""
     items = clients.make_items(rows, s.scale_items, scripted=True)

@@ -1,6 +1,8 @@
 """A scripted NeMo Gym-like resources server for benchmarks: `POST /verify` answers
-`{"reward": 1.0}` after a fixed latency; `GET /` answers `{"status": "ok"}` (liveness);
-`GET /count` the number of connections accepted so far (connection reuse, issue 22).
+`{"reward": 1.0}` after a latency (`--latency`); `GET /` answers `{"status": "ok"}` (liveness);
+`GET /count` the number of connections accepted so far (connection reuse, issue 22);
+`PUT /latency` with a number of seconds as its body sets the latency from then on (a server
+that slows down or speeds up mid-run, issue 37).
 
 Written on plain asyncio (one `Protocol` per connection, HTTP/1.1 keep-alive, no framework),
 so it costs a few tens of microseconds of CPU per request: on a 2-core machine the upstream
@@ -35,9 +37,9 @@ class _Http(asyncio.Protocol):
     """One client connection: parses requests in order and answers each one."""
 
     accepted = 0  # connections made, over all instances
+    latency = 0.0  # seconds per /verify, for all connections (`PUT /latency` sets it)
 
-    def __init__(self, latency: float) -> None:
-        self.latency = latency
+    def __init__(self) -> None:
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
@@ -58,16 +60,20 @@ class _Http(asyncio.Protocol):
             end = head_end + 4 + length
             if len(self.buffer) < end:
                 return
+            body = self.buffer[head_end + 4 : end]
             self.buffer = self.buffer[end:]
-            self._answer(request_line)
+            self._answer(request_line, body)
 
-    def _answer(self, request_line: bytes) -> None:
+    def _answer(self, request_line: bytes, body: bytes) -> None:
         method, path = request_line.split(b" ")[:2]
         if method == b"POST" and path == b"/verify":
             reply = _response(b"200 OK", VERIFY_REPLY)
-            if self.latency > 0:
-                self.loop.call_later(self.latency, self._write, reply)
+            if _Http.latency > 0:
+                self.loop.call_later(_Http.latency, self._write, reply)
                 return
+        elif method == b"PUT" and path == b"/latency":
+            _Http.latency = float(body)
+            reply = _response(b"200 OK", body)
         elif method == b"GET" and path == b"/":
             reply = _response(b"200 OK", HEALTH_REPLY)
         elif method == b"GET" and path == b"/count":
@@ -102,10 +108,9 @@ def somaxconn() -> int:
 async def serve(host: str, port: int, latency: float, ready_file: Path | None) -> None:
     """Serve until SIGTERM/SIGINT; write "host:port" to `ready_file` once listening."""
     raise_fd_limit()
+    _Http.latency = latency
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: _Http(latency), host, port, backlog=somaxconn(), reuse_address=True
-    )
+    server = await loop.create_server(_Http, host, port, backlog=somaxconn(), reuse_address=True)
     bound = server.sockets[0].getsockname()[1]
     if ready_file:
         write_ready_file(ready_file, f"{host}:{bound}")

@@ -75,6 +75,18 @@ def test_a_limit_far_past_the_knee_drops_at_once():
     assert QUEUE_LOW <= size <= QUEUE_LOW + 2, size
 
 
+def test_slow_calls_after_a_pause_do_not_look_like_a_server_without_a_queue():
+    limit = Limit(CEILING)
+    run(limit, lambda load: 0.002 * load, 3000)  # one call at a time, 2 ms each
+    for _ in range(8):  # rounds of a trainer, each after a pause of 10 s
+        Clock.now += 10.0
+        # the first calls of a round connect anew (uvicorn closed the idle connections)
+        cold = run(limit, lambda load: 0.030 + 0.002 * load, INITIAL_LIMIT)
+        warm = run(limit, lambda load: 0.002 * load, 500, ramp=False)
+        assert max(cold + warm) <= QUEUE_HIGH + 2, (cold, warm[:40])
+    assert abs(limit.no_load - 0.002) < 1e-9
+
+
 def test_two_bridges_in_front_of_one_server_share_its_queue():
     first, second = Limit(CEILING), Limit(CEILING)
     sizes = []

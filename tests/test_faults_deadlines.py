@@ -64,7 +64,8 @@ def test_cancelling_a_1000_item_stream_halfway_ends_its_upstream_requests(stub, 
     cancelled_at = time.monotonic()
     assert wait_until(lambda: proxy.in_flight == 0, 10), proxy.in_flight
     freed_after = time.monotonic() - cancelled_at
-    # --max-in-flight 64: had the cancelled requests kept their slots, nothing would pass now.
+    # --fixed-concurrency 64: had the cancelled requests kept their slots, nothing would pass
+    # now.
     proxy.set_faults()
     assert_still_serves(stub, row, "after-cancel")
     print(

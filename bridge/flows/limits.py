@@ -32,12 +32,17 @@ growing on a server whose latency rises with its load. Vegas's estimate stops at
 given the no-load latency, which is what needs care:
 
 - a call sent while no other call was in flight on its replica (LOW_LOAD) met no queue; the
-  no-load latency is the least of the last NO_LOAD_SAMPLES such calls (or of any faster call),
-  so a server that speeds up lowers it at once;
+  no-load latency is the least such latency (or of any faster call), so a server that speeds
+  up lowers it at once. It only rises by a re-measurement: a call after a pause can be slow
+  for reasons of its own (uvicorn closes connections idle for 5 s, so the next calls connect
+  anew), and a no-load latency raised by them would make a queue look like none and the
+  limit double past the knee;
 - a limit held down by a queue (more than the low mark) with no such call for CALIBRATE_AFTER
   seconds is re-measured as Envoy's adaptive concurrency filter does: the replica's slots drop
   to LOW_LOAD until CALIBRATION_SAMPLES calls met no queue, and the no-load latency is theirs.
   That is what follows a server that slowed down (a latency step looks like a queue to Vegas).
+  A pause of CALIBRATE_AFTER without answers starts that clock anew, so that the first calls
+  after it are never the ones measured;
   Unlike Envoy's, it runs only while the limit is held by the queue, never on a server whose
   latency does not grow with load, whose flow it would stall, and it costs a CPU-bound server
   a few calls every CALIBRATE_AFTER seconds.
@@ -46,15 +51,12 @@ given the no-load latency, which is what needs care:
 from __future__ import annotations
 
 import math
-from collections import deque
 
 # The standing queue at a server the limit keeps, calls (module docstring).
 QUEUE_LOW = 12.0
 QUEUE_HIGH = 24.0
 # A call sent with at most this many calls in flight on its replica (itself) met no queue.
 LOW_LOAD = 1
-# The no-load latency is the least of the last this many such calls.
-NO_LOAD_SAMPLES = 8
 # The limit of a replica not yet measured.
 INITIAL_LIMIT = 20
 # Seconds a limit held by its queue estimate goes without a no-load call before it is
@@ -74,13 +76,22 @@ class Limit:
         no_load: the no-load latency now, seconds (inf before the first sample).
     """
 
-    __slots__ = ("_calibrating", "_ceiling", "_last_low", "_limit", "_low", "no_load", "size")
+    __slots__ = (
+        "_calibrating",
+        "_ceiling",
+        "_last_low",
+        "_last_sample",
+        "_limit",
+        "_low",
+        "no_load",
+        "size",
+    )
 
     def __init__(self, ceiling: int) -> None:
         self._ceiling = ceiling
         self._limit = float(min(INITIAL_LIMIT, ceiling))
-        self._low: deque[float] = deque(maxlen=NO_LOAD_SAMPLES)
-        self._last_low = 0.0
+        self._low: list[float] = []  # a re-measurement's no-load latencies
+        self._last_low = self._last_sample = 0.0
         self._calibrating = False
         self.no_load = math.inf
         self.size = int(self._limit)
@@ -96,9 +107,11 @@ class Limit:
         the new `size`."""
         if self._calibrating:
             return self._calibrate(rtt, load, now)
+        if now - self._last_sample > CALIBRATE_AFTER:
+            self._last_low = now  # after a pause the first calls meet cold connections
+        self._last_sample = now
         if load <= LOW_LOAD or rtt < self.no_load:
-            self._low.append(rtt)
-            self.no_load = min(self._low)
+            self.no_load = min(self.no_load, rtt)
             self._last_low = now
         limit = self._limit
         if rtt <= 0.0:

@@ -54,7 +54,7 @@ def bridge(proxy, scripted):
         f"down=http://127.0.0.1:{closed_port()}",
         "--health-interval",
         "600",
-        "--max-in-flight",
+        "--fixed-concurrency",  # the tests count slots: a fixed 64, not an adaptive limit
         "64",
     ) as running:
         yield running

@@ -1,0 +1,154 @@
+"""Scenario 7 (issue 37): a server whose latency steps from 10 ms to 500 ms and back mid-run,
+and how soon the bridge's adaptive limit for it settles after each step.
+
+    python -m benchmarks.latency_step [--phase 15] [--in-flight 2048]
+
+A scripted upstream (benchmarks/upstream.py; its latency set with `PUT /latency`) behind a
+bridge with its defaults and a metrics port; one client keeps `in_flight` items in flight on
+one VerifyStream through three phases of `phase` seconds (10 ms, 500 ms, 10 ms), while the
+bridge's `nemo_gym_grpc_upstream_limit` is read every 0.1 s. A phase's limit has settled from
+the first reading after which it stays within a factor of 2 of the phase's last reading; the
+result gives the seconds from each step to then, and the readings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+
+import grpc
+
+from benchmarks import procs
+from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from tests.support import start_bridge
+from tests.support.procs import free_ports
+
+LATENCIES = (0.010, 0.500, 0.010)
+LIMIT = re.compile(r"^nemo_gym_grpc_upstream_limit\{[^}]*\} (\S+)$", re.MULTILINE)
+
+
+def read_limit(metrics_url: str) -> float:
+    """The bridge's one upstream limit gauge (0 before the first call)."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as reply:
+        found = LIMIT.findall(reply.read().decode())
+    return float(found[0]) if found else 0.0
+
+
+def set_latency(upstream_url: str, seconds: float) -> None:
+    """`PUT /latency` on the scripted upstream."""
+    request = urllib.request.Request(
+        f"{upstream_url}/latency", data=str(seconds).encode(), method="PUT"
+    )
+    with urllib.request.urlopen(request, timeout=5):
+        pass
+
+
+async def drive(target: str, in_flight: int, seconds: float) -> tuple[int, int]:
+    """Keep `in_flight` items in flight on one VerifyStream for `seconds`; (results, failed)."""
+    free = asyncio.Semaphore(in_flight)
+    done = failed = 0
+    end = time.monotonic() + seconds
+
+    async def requests() -> AsyncIterator[verify_pb2.VerifyStreamRequest]:
+        count = 0
+        while time.monotonic() < end:
+            await free.acquire()
+            count += 1
+            item = verify_pb2.VerifyRequest(
+                request_id=f"s{count}", resources_server="gym", prompt="p", completion="c"
+            )
+            yield verify_pb2.VerifyStreamRequest(items=[item])
+
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = verify_pb2_grpc.VerifyServiceStub(channel)
+        async for message in stub.VerifyStream(requests(), timeout=seconds + 120):
+            for result in message.results:
+                done += 1
+                failed += result.HasField("error")
+                free.release()
+    return done, failed
+
+
+def settled_after(readings: list[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds from `start` to the first reading in [start, end) after which every reading of
+    the phase stays within a factor of 2 of its last."""
+    phase = [(t, v) for t, v in readings if start <= t < end]
+    last = phase[-1][1]
+    since = phase[0][0]
+    for t, v in phase:
+        if not last / 2 <= v <= last * 2:
+            since = t
+    return round(since - start, 2)
+
+
+def latency_step(phase: float, in_flight: int) -> dict:
+    """Run the three phases; per step the seconds to settle and the phase's last limit."""
+    (port,) = free_ports(1)
+    metrics_url = f"http://127.0.0.1:{port}/metrics"
+    with procs.Upstream(LATENCIES[0]) as upstream:
+        args = ("--server", f"gym={upstream.url}", "--metrics-port", str(port))
+        with start_bridge(*args) as bridge:
+            readings: list[tuple[float, float]] = []
+            started = time.monotonic()
+
+            async def run() -> tuple[int, int]:
+                driving = asyncio.ensure_future(drive(bridge.target, in_flight, 3 * phase))
+                loop = asyncio.get_running_loop()
+                for index, latency in enumerate(LATENCIES):
+                    await loop.run_in_executor(None, set_latency, upstream.url, latency)
+                    phase_end = started + (index + 1) * phase
+                    while time.monotonic() < phase_end:
+                        value = await loop.run_in_executor(None, read_limit, metrics_url)
+                        readings.append((time.monotonic() - started, value))
+                        await asyncio.sleep(0.1)
+                return await driving
+
+            done, failed = asyncio.run(run())
+    steps = []
+    for index, latency in enumerate(LATENCIES):
+        start, end = index * phase, (index + 1) * phase
+        last = [v for t, v in readings if start <= t < end][-1]
+        steps.append({"latency_s": latency, "settled_s": settled_after(readings, start, end),
+                      "limit": last})  # fmt: skip
+    return {"phase_s": phase, "in_flight": in_flight, "results": done, "failed": failed,
+            "steps": steps, "readings": [[round(t, 2), v] for t, v in readings]}  # fmt: skip
+
+
+def scenario(s, rows: list[dict], log) -> dict:
+    """`make bench` scenario 7 (`s` and `rows` unused: its sizes are fixed)."""
+    log("scenario 7: upstream latency 10 ms -> 500 ms -> 10 ms, 2,048 items in flight")
+    result = latency_step(15.0, 2048)
+    for step in result["steps"]:
+        log(f"  {step['latency_s'] * 1000:.0f} ms: settled after {step['settled_s']} s at "
+            f"{step['limit']:.0f}")  # fmt: skip
+    return result
+
+
+def markdown_lines(scenario: dict) -> list[str]:
+    """Scenario 7's line for the report."""
+    steps = "; ".join(
+        f"{s['latency_s'] * 1000:.0f} ms: {s['settled_s']} s (limit {s['limit']:.0f})"
+        for s in scenario["steps"]
+    )
+    return ["", f"**7. Latency step**, seconds for the adaptive limit to settle: {steps}."]
+
+
+def main() -> int:
+    """The command line of the module docstring; prints the steps as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--phase", type=float, default=15.0, help="seconds per phase")
+    parser.add_argument("--in-flight", type=int, default=2048)
+    args = parser.parse_args()
+    result = latency_step(args.phase, args.in_flight)
+    print(json.dumps({k: v for k, v in result.items() if k != "readings"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
