@@ -52,8 +52,8 @@ def test_a_cpu_bound_server_keeps_a_small_standing_queue():
     limit = Limit(CEILING)
     sizes = run(limit, lambda load: 0.002 * load, 5000)  # one call at a time, 2 ms each
     late = sizes[-2000:]  # about 5 s
-    calibrating = late.count(1)  # re-measuring the no-load latency: a few calls now and then
-    assert 0 < calibrating < len(late) / 20, calibrating
+    calibrating = late.count(1)  # re-measuring the no-load latency: a few calls at most
+    assert calibrating < len(late) / 20, calibrating
     # `load` calls in flight queue load - 1 of them: the limit is a queue of LOW..HIGH plus one
     assert all(QUEUE_LOW <= size <= QUEUE_HIGH + 2 for size in late if size != 1), late[-20:]
     assert abs(limit.no_load - 0.002) < 1e-9
@@ -69,10 +69,11 @@ def test_a_server_whose_latency_does_not_grow_gets_the_ceiling_within_its_first_
 
 def test_a_limit_far_past_the_knee_drops_at_once():
     limit = Limit(CEILING)
-    run(limit, lambda load: 0.002, 100)  # latency flat: the ceiling
+    run(limit, lambda load: 0.002 * load, 3000)  # one call at a time: the no-load latency
+    run(limit, lambda load: 0.002, 100, ramp=False)  # now latency flat: the ceiling
     assert limit.size == CEILING
-    (size,) = run(limit, lambda load: 0.002 * load, 1, ramp=False)  # now one call at a time
-    assert QUEUE_LOW <= size <= QUEUE_LOW + 2, size
+    run(limit, lambda load: 0.002 * load, 1, ramp=False)  # now one call at a time
+    assert QUEUE_LOW <= limit.limit <= QUEUE_LOW + 2, limit.limit  # (its slots re-measure)
 
 
 def test_slow_calls_after_a_pause_do_not_look_like_a_server_without_a_queue():
@@ -85,6 +86,25 @@ def test_slow_calls_after_a_pause_do_not_look_like_a_server_without_a_queue():
         warm = run(limit, lambda load: 0.002 * load, 500, ramp=False)
         assert max(cold + warm) <= QUEUE_HIGH + 2, (cold, warm[:40])
     assert abs(limit.no_load - 0.002) < 1e-9
+
+
+def test_a_cold_servers_first_answers_are_re_measured_at_the_first_queue():
+    limit = Limit(CEILING)
+    Clock.now = 0.0
+    run(limit, lambda load: 0.030 + 0.002 * load, INITIAL_LIMIT)  # first request, new sockets
+    assert limit.no_load > 0.030  # a first guess, ten times too high
+    while Clock.now < 2.0:  # well before CALIBRATE_AFTER
+        run(limit, lambda load: 0.002 * load, 1, ramp=False)
+    assert abs(limit.no_load - 0.002) < 1e-9
+    assert QUEUE_LOW <= limit.size <= QUEUE_HIGH + 2, limit.size
+
+
+def test_latency_noise_at_thousands_in_flight_is_not_read_as_far_past_the_knee():
+    limit = Limit(16384)
+    run(limit, lambda load: 0.5, 40)  # latency flat: the ceiling
+    assert limit.size == 16384
+    (size,) = run(limit, lambda load: 0.6, 1, ramp=False)  # 20% slower: 2,700 "queued"
+    assert size >= 16384 - 10, size
 
 
 def test_two_bridges_in_front_of_one_server_share_its_queue():

@@ -5,47 +5,50 @@ at it, between 1 and `--max-in-flight`, found from the latency of its calls.
 The rule is TCP Vegas's, as Netflix's concurrency-limits library (`VegasLimit`) applies it to
 requests. With `no_load` the latency of a call that meets no queue and `rtt` a call's latency,
 about `queued = load x (1 - no_load / rtt)` calls waited at the server for a call sent with
-`load` calls in flight. The limit holds while
-that queue is between QUEUE_LOW and QUEUE_HIGH (or Vegas's 3 and 6 log10(limit), if larger),
-grows by log10(limit) under it and shrinks by as much over it, with two fast paths:
+`load` calls in flight. The limit holds while that queue is between QUEUE_LOW and QUEUE_HIGH
+(or Vegas's 3 and 6 log10(limit), if larger), grows by log10(limit) under it and shrinks by as
+much over it, with these additions:
 
-- a queue under half of QUEUE_LOW means the server is not what holds the calls back: the limit
-  doubles (a server whose latency does not grow with load, a judge or a sandbox, reaches the
-  ceiling within a few calls of its first answers: 16,384 calls of 1 s in about 2 s);
-- a queue over twice the high mark means the limit is far past the knee (a start against a
-  cold or CPU-bound server, a server that slowed down): it drops at once to where that queue
-  would be QUEUE_LOW, `load x no_load / rtt + QUEUE_LOW`, as Netflix's Gradient2 does with its
-  gradient, instead of one step per call, even while fewer calls than the limit are asked for
-  (a limit that grew past the demand would otherwise never hear of the queue).
+- no queue (under half of QUEUE_LOW, or a latency under TOLERANCE times the no-load one) at
+  QUEUE_LOW or more calls means the server is not what holds the calls back: the limit doubles
+  (a server whose latency does not grow with load, a judge or a sandbox, reaches the ceiling
+  within its first answers: 16,384 calls of 1 s go out within about a second). The tolerance is
+  Gradient2's: with thousands of calls in flight a few per cent of latency noise reads as a
+  queue of dozens, and a 500 ms server answering in 510 ms is not queueing;
+- a queue over twice the high mark with a latency over twice the no-load one means the limit
+  is far past the knee (a server that slowed down, a limit that grew past the demand): it drops
+  at once to where that queue would be QUEUE_LOW, `load x no_load / rtt + QUEUE_LOW`, as
+  Gradient2 does with its gradient, instead of one step per call.
 
 Why a standing queue of QUEUE_LOW..QUEUE_HIGH and not Vegas's 3..6 calls: a single-process
 uvicorn server (most NeMo Gym resources servers) spends the least CPU per request when a dozen
 or two wait (each event-loop turn then serves several); measured on real mcqa
 (`benchmarks.server_cost`, pinned): fixed limits 16 and 32 cost it 0.92-0.94x the CPU per item
 of a 64-connection direct client, 8 about 1.0x, 4 1.08x, 256 1.2-1.3x. The queue targets are
-counts at the server, so several bridges in front of one server share them: each sees the
-others' calls in its latency and backs off.
+counts at the server, so bridges in front of one server share them: each sees the others'
+calls in its latency and backs off.
 
 Why Vegas, of the three the issue names: Gradient2 alone compares a short to a long average
 latency; it reacts to a sudden change but, as the long average follows the short one, keeps
 growing on a server whose latency rises with its load. Vegas's estimate stops at the knee,
 given the no-load latency, which is what needs care:
 
-- a call sent while no other call was in flight on its replica (LOW_LOAD) met no queue; the
-  no-load latency is the least such latency (or of any faster call), so a server that speeds
-  up lowers it at once. It only rises by a re-measurement: a call after a pause can be slow
-  for reasons of its own (uvicorn closes connections idle for 5 s, so the next calls connect
-  anew), and a no-load latency raised by them would make a queue look like none and the
-  limit double past the knee;
-- a limit held down by a queue (more than the low mark) with no such call for CALIBRATE_AFTER
-  seconds is re-measured as Envoy's adaptive concurrency filter does: the replica's slots drop
-  to LOW_LOAD until CALIBRATION_SAMPLES calls met no queue, and the no-load latency is theirs.
-  That is what follows a server that slowed down (a latency step looks like a queue to Vegas).
-  A pause of CALIBRATE_AFTER without answers starts that clock anew, so that the first calls
-  after it are never the ones measured;
-  Unlike Envoy's, it runs only while the limit is held by the queue, never on a server whose
-  latency does not grow with load, whose flow it would stall, and it costs a CPU-bound server
-  a few calls every CALIBRATE_AFTER seconds.
+- a call sent while no other call was in flight on its replica (LOW_LOAD), or any call faster
+  than the no-load latency, lowers it at once (a server that sped up). Nothing else raises it
+  but a re-measurement: a call after a pause can be slow for reasons of its own (uvicorn closes
+  connections idle for 5 s, so the next calls connect anew), and a no-load latency raised by
+  them would make a queue look like none and the limit double past the knee;
+- a re-measurement, as Envoy's adaptive concurrency filter does: the replica's slots drop to
+  LOW_LOAD until CALIBRATION_SAMPLES calls met no queue, and the no-load latency is theirs; the
+  limit it ends with is where the queue that started it would have been QUEUE_LOW. It starts
+  when a queue over the low mark (beyond the tolerance) has held for CALIBRATE_AFTER seconds
+  without a no-load call (a server that slowed down: a latency step looks like a queue), a
+  pause without answers restarting that clock; and at once at the first queue with a latency
+  over twice the no-load one, since until then the no-load latency is a cold server's first
+  answers (its first request, new connections), often ten times the real one. A new bridge's
+  first burst at a cold CPU-bound server so overshoots once (measured: about 2,000 calls for
+  its first round, then 20-25). Unlike Envoy's, it never runs on a server whose latency does
+  not grow with load, whose flow it would stall.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ import math
 # The standing queue at a server the limit keeps, calls (module docstring).
 QUEUE_LOW = 12.0
 QUEUE_HIGH = 24.0
+# A latency under TOLERANCE times the no-load one is noise, not a queue, however many calls
+# are in flight (Netflix's Gradient2 tolerates 1.5 times its long-run latency the same way).
+TOLERANCE = 1.5
 # A call sent with at most this many calls in flight on its replica (itself) met no queue.
 LOW_LOAD = 1
 # The limit of a replica not yet measured.
@@ -80,6 +86,7 @@ class Limit:
         "_calibrating",
         "_ceiling",
         "_last_low",
+        "_measured",
         "_last_sample",
         "_limit",
         "_low",
@@ -93,6 +100,7 @@ class Limit:
         self._low: list[float] = []  # a re-measurement's no-load latencies
         self._last_low = self._last_sample = 0.0
         self._calibrating = False
+        self._measured = False  # no re-measurement yet: the no-load latency is a first guess
         self.no_load = math.inf
         self.size = int(self._limit)
 
@@ -119,14 +127,19 @@ class Limit:
         queued = load * (1.0 - self.no_load / rtt)  # the calls this one found waiting
         low = max(QUEUE_LOW, 3.0 * math.log10(limit))
         high = max(QUEUE_HIGH, 6.0 * math.log10(limit))
-        if queued > low and now - self._last_low > CALIBRATE_AFTER:
+        at_low = load * self.no_load / rtt + low  # the limit at which this queue would be `low`
+        noise = rtt < TOLERANCE * self.no_load  # no queue worth the name, however many calls
+        first = not self._measured and rtt > 2.0 * self.no_load
+        stale = now - self._last_low > CALIBRATE_AFTER
+        if queued > low and not noise and (first or stale):
+            self._set(min(limit, at_low))  # what the re-measurement ends with
             self._calibrating = True
             self._low.clear()
             self.size = min(LOW_LOAD, self.size)
             return self.size
-        if queued > 2.0 * high:  # far past the knee, whatever the limit allowed
-            return self._set(min(limit, load * self.no_load / rtt + low))
-        if load >= QUEUE_LOW and queued < low / 2.0:
+        if queued > 2.0 * high and rtt > 2.0 * self.no_load:  # far past the knee
+            return self._set(min(limit, at_low))
+        if load >= QUEUE_LOW and (queued < low / 2.0 or noise):
             return self._set(limit * 2.0)  # that many at once and no queue: not the knee
         if load * 2 < limit:
             return self.size  # too few calls to tell of the limit
@@ -152,6 +165,6 @@ class Limit:
         if len(self._low) >= CALIBRATION_SAMPLES:
             self.no_load = min(self._low)
             self._last_low = now
-            self._calibrating = False
+            self._calibrating, self._measured = False, True
             self.size = int(self._limit)
         return self.size
