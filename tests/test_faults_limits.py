@@ -1,5 +1,6 @@
-"""The fault matrix (test_faults.py): the bridge's memory under a long stream, and the retry
-budget and queueing of the in-process Verifier over real HTTP.
+"""The fault matrix (test_faults.py): the bridge's memory under a long stream, the retry
+budget and queueing of the in-process Verifier over real HTTP, and the adaptive limit in
+front of real mcqa.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
+from nemo_gym_grpc.bridge.flows.limits import QUEUE_HIGH
 from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import closed_port, fault_matrix, start_bridge
@@ -165,3 +167,28 @@ async def test_max_item_bytes_is_a_verifier_argument(row):
         verifier = verifier_for(Upstreams({}), session, max_item_bytes=1000)
         result = await verifier.verify(item("big", row, completion="x" * 1000), None)
     assert_failed(result, code_pb2.INVALID_ARGUMENT, "ITEM_TOO_LARGE", maxItemBytes="1000")
+
+
+# --- the adaptive limit on a real server ---------------------------------------------------
+
+
+@pytest.mark.nemo_gym  # starts a bridge process (tests.support.start_bridge) itself
+def test_a_bridge_with_its_defaults_holds_real_mcqa_to_a_small_queue(proxy, row):
+    """Real mcqa (one uvicorn process, CPU-bound) behind the fault proxy, a bridge with its
+    defaults: after a first round (a cold server's first answers overshoot once,
+    bridge/flows/limits.py), 600 items sent at once reach the server a few dozen at a time,
+    where the old fixed default let 256 in; every item is scored."""
+    with (
+        start_bridge("--server", f"mcqa={proxy.url}", "--health-interval", "600") as bridge,
+        grpc.insecure_channel(bridge.target) as channel,
+    ):
+        stub = verify_pb2_grpc.VerifyServiceStub(channel)
+        peaks = []
+        for round_ in range(3):
+            proxy.reset_counters()
+            items = [item(f"limit-{round_}-{i}", row) for i in range(600)]
+            results = scored(stub, items)
+            assert all(r.reward == 1.0 for r in results.values())
+            peaks.append(proxy.peak_in_flight)
+    print(f"\nreal mcqa, 600 items at once per round: peak in flight {peaks}")
+    assert max(peaks[1:]) <= 2 * QUEUE_HIGH, peaks
