@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 import time
 import urllib.request
@@ -27,17 +26,14 @@ import grpc
 from benchmarks import procs
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import start_bridge
-from tests.support.procs import free_ports
+from tests.support.prometheus_scrape import metrics_url, scrape, value
 
 LATENCIES = (0.010, 0.500, 0.010)
-LIMIT = re.compile(r"^nemo_gym_grpc_upstream_limit\{[^}]*\} (\S+)$", re.MULTILINE)
 
 
-def read_limit(metrics_url: str) -> float:
-    """The bridge's one upstream limit gauge (0 before the first call)."""
-    with urllib.request.urlopen(metrics_url, timeout=5) as reply:
-        found = LIMIT.findall(reply.read().decode())
-    return float(found[0]) if found else 0.0
+def read_limit(url: str) -> float:
+    """The bridge's upstream limit gauge at metrics `url` (0 before the first call)."""
+    return value(scrape(url), "nemo_gym_grpc_upstream_limit")
 
 
 def set_latency(upstream_url: str, seconds: float) -> None:
@@ -91,11 +87,10 @@ def settled(readings: list[tuple[float, float]], start: float, end: float) -> tu
 
 def latency_step(phase: float, in_flight: int) -> dict:
     """Run the three phases; per step the seconds to settle and the phase's last limit."""
-    (port,) = free_ports(1)
-    metrics_url = f"http://127.0.0.1:{port}/metrics"
     with procs.Upstream(LATENCIES[0]) as upstream:
-        args = ("--server", f"gym={upstream.url}", "--metrics-port", str(port))
+        args = ("--server", f"gym={upstream.url}", "--metrics-port", "0")
         with start_bridge(*args) as bridge:
+            url = metrics_url(bridge)
             readings: list[tuple[float, float]] = []
             started = time.monotonic()
 
@@ -106,7 +101,7 @@ def latency_step(phase: float, in_flight: int) -> dict:
                     await loop.run_in_executor(None, set_latency, upstream.url, latency)
                     phase_end = started + (index + 1) * phase
                     while time.monotonic() < phase_end:
-                        value = await loop.run_in_executor(None, read_limit, metrics_url)
+                        value = await loop.run_in_executor(None, read_limit, url)
                         readings.append((time.monotonic() - started, value))
                         await asyncio.sleep(0.1)
                 return await driving

@@ -57,7 +57,8 @@ def _timed(fn: Callable[[], list]) -> tuple[float, list]:
     return time.perf_counter() - started, out
 
 
-def _mismatches(rewards: Sequence[float | None], items: Sequence[Item]) -> int:
+def mismatches(rewards: Sequence[float | None], items: Sequence[Item]) -> int:
+    """How many of `rewards` differ from their item's expected reward."""
     return sum(r != it.expected for r, it in zip(rewards, items, strict=True))
 
 
@@ -96,9 +97,9 @@ def _three_ways(
             "bridge_cpu_us_per_item": round(bridge_cpu / len(items) * 1e6, 1),
             "bridge_failed": sum(r is None for r in bridge_out),
             "wrong_rewards": {
-                "seed": _mismatches(seed_out, items[:seed_items]),
-                "fanout": _mismatches(fan_out, items),
-                "bridge": _mismatches(bridge_out, items),
+                "seed": mismatches(seed_out, items[:seed_items]),
+                "fanout": mismatches(fan_out, items),
+                "bridge": mismatches(bridge_out, items),
             },
         }
         row["c_over_b"] = round(row["fanout_s"] / row["bridge_s"], 4)
@@ -272,7 +273,7 @@ def _direct_cpu_us(verify_url: str, items: list[Item], concurrency: int) -> floa
     cpu0 = time.process_time()
     rewards = clients.fanout(verify_url, items, concurrency)
     cpu = time.process_time() - cpu0
-    if wrong := _mismatches(rewards, items):
+    if wrong := mismatches(rewards, items):
         raise RuntimeError(f"direct fan-out: {wrong} wrong rewards")
     return round(cpu / len(items) * 1e6, 1)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks import clients, procs
+from benchmarks import clients, procs, scenarios
 from benchmarks.clients import Item
 from tests.support import NemoGymServers, example_rows, start_bridge
 
@@ -75,7 +74,7 @@ def _measure(server: int, run: Callable[[], list], bridge: int, items: Sequence[
     seconds = time.perf_counter() - started
     cpu = procs.cpu_mark(server).seconds - cpu0
     callers_cpu = _callers_cpu(bridge) - callers0
-    wrong = sum(r != it.expected for r, it in zip(rewards, items, strict=True))
+    wrong = scenarios.mismatches(rewards, items)
     return {
         "seconds": round(seconds, 4),
         "server_cpu_us_per_item": round(cpu / len(items) * 1e6, 1),
@@ -122,7 +121,7 @@ def summary(measured: list[dict]) -> dict:
     keys = ("server_cpu_us_per_item", "callers_cpu_us_per_item", "items_per_s")
     keys += ("cpu_vs_direct", "rate_vs_direct")
     return {
-        name: {k: round(statistics.median(r[name][k] for r in measured), 3) for k in keys}
+        name: {k: scenarios.median([r[name][k] for r in measured]) for k in keys}
         | {"wrong": sum(r[name]["wrong"] for r in measured)}
         for name in measured[0]
     }
