@@ -21,6 +21,7 @@ from prometheus_client import generate_latest
 from nemo_gym_grpc.bridge.flows.balancer import Replica
 from nemo_gym_grpc.bridge.flows.limits import INITIAL_LIMIT, QUEUE_HIGH, QUEUE_LOW, Limit
 from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
+from nemo_gym_grpc.bridge.nemo_gym.replies import ReplyBudget
 from nemo_gym_grpc.v1 import verify_pb2
 from tests.support.canned_http import CannedServer, canned
 from tests.support.verifiers import verifier_for
@@ -186,7 +187,7 @@ async def test_over_http_a_one_at_a_time_server_gets_its_queue_not_the_ceiling()
             verifier = verifier_for(Upstreams({"s": server.url}), session)
             results = await asyncio.gather(*(verifier.verify(i, None) for i in items))
             (replica,) = verifier.balancer.replicas()
-            verifier.metrics.watch(verifier.balancer, lambda: 0)
+            verifier.metrics.watch(verifier.balancer, lambda: 0, ReplyBudget(1 << 20))
             exported = generate_latest(verifier.metrics.registry).decode()
     assert all(r.reward == 1.0 for r in results), [r.error for r in results if r.error.code]
     assert replica.limit is not None and replica.limit.limit <= QUEUE_HIGH + 8, replica.limit.limit

@@ -129,6 +129,10 @@ def test_serve_refuses_bad_values(main, flag, value):
             ["--max-stream-items", "16", "--max-batch-items", "17"],
             "--max-batch-items 17 exceeds --max-stream-items 16",
         ),
+        (
+            ["--max-reply-mb", "8", "--max-replies-mb", "4"],
+            "--max-replies-mb 4 is below --max-reply-mb 8",
+        ),
     ],
 )
 def test_serve_refuses_options_that_contradict_each_other(main, args, needle):
@@ -372,7 +376,7 @@ def test_help_names_every_flag_and_its_variable(main):
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())  # argparse wraps lines
     flags = [*BridgeConfig.flags(), *PROCESS_FLAGS]
-    assert len(flags) == 44
+    assert len(flags) == 45
     for flag in flags:
         assert flag.name in text
         assert f"[env: {flag.env_var}" in text

@@ -57,7 +57,7 @@ class Either:
                 raise Outcome("refused") from None
             except plain_http.Dropped:
                 raise Outcome("dropped") from None
-            except plain_http.BadReply:
+            except framing.BadReply:
                 raise Outcome("bad") from None
             except TimeoutError:
                 raise Outcome("timeout") from None
@@ -236,7 +236,7 @@ async def test_a_large_body_is_read_whole_and_an_endless_head_is_refused() -> No
     try:
         reply = await client.post(base + "/big", b"{}", HEADERS, 10.0)
         assert (reply.status, len(reply.body)) == (200, len(big))
-        with pytest.raises(plain_http.BadReply, match="head over"):
+        with pytest.raises(framing.BadReply, match="head over"):
             await client.post(base + "/endless", b"{}", HEADERS, 10.0)
     finally:
         await client.close()

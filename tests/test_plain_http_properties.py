@@ -17,7 +17,7 @@ import aiohttp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nemo_gym_grpc.bridge.nemo_gym import plain_http
+from nemo_gym_grpc.bridge.nemo_gym import framing, plain_http
 
 # The body cap of our client: far above any reply here.
 MAX_BODY = 1 << 30
@@ -134,7 +134,7 @@ async def _both(script: Scripted) -> tuple[object, object]:
 async def _plain(client: plain_http.Client, url: str) -> object:
     try:
         reply = await client.post(url, b"{}", [("Content-Type", "application/json")], 5.0)
-    except (plain_http.Dropped, plain_http.BadReply):
+    except (plain_http.Dropped, framing.BadReply):
         return "failed"
     return reply.status, reply.body, reply.set_cookies
 

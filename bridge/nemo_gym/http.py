@@ -12,6 +12,7 @@ header, so NeMo Gym's access logs (and the tests' fault proxy) can tell items ap
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -22,7 +23,8 @@ import aiohttp
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.nemo_gym import destinations, plain_http, reports
+from nemo_gym_grpc.bridge.nemo_gym import destinations, framing, plain_http, reports
+from nemo_gym_grpc.bridge.nemo_gym.replies import ReplyBudget
 from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.shared.contract import MiB
 
@@ -37,6 +39,8 @@ REQUEST_ID_HEADER = "X-Request-Id"
 _MAX_REQUEST_ID_HEADER = 200
 # Largest reply body read from a NeMo Gym server by default, bytes (`--max-reply-mb`).
 DEFAULT_MAX_REPLY_BYTES = 64 * MiB
+# Reply bodies read at once by default, bytes (`--max-replies-mb`): 16 of the largest.
+DEFAULT_MAX_REPLIES_BYTES = 1024 * MiB
 
 
 def exact_timeout(seconds: float) -> aiohttp.ClientTimeout:
@@ -82,11 +86,14 @@ class Client:
             reply is not read further and its item fails (`post`).
         policy: the addresses `plain` may connect to (the session applies its own: built by
             `rpc.server` with the same policy).
+        max_replies_bytes: most bytes of reply bodies being read at once, by both clients
+            (`replies.ReplyBudget`: a reply waits for room before its body is read).
 
     Attributes:
         session: that session.
         plain: the `plain_http` client, None when not `builtin`.
         max_reply_bytes: that limit.
+        replies: the budget of reply bytes.
     """
 
     def __init__(
@@ -96,11 +103,14 @@ class Client:
         builtin: bool = True,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
         policy: destinations.Policy | None = None,
+        max_replies_bytes: int = DEFAULT_MAX_REPLIES_BYTES,
     ) -> None:
         self.session = session
         self.max_reply_bytes = max_reply_bytes
+        self.replies = ReplyBudget(max_replies_bytes)
         keep = (reports.HEADER, "Location")
-        self.plain = plain_http.Client(max_reply_bytes, keep, policy) if builtin else None
+        plain = plain_http.Client(max_reply_bytes, keep, policy, self.replies) if builtin else None
+        self.plain = plain
 
     async def aclose(self) -> None:
         """Close the `plain_http` connections (the session is its owner's to close)."""
@@ -158,11 +168,11 @@ async def post(
             reply = await _aiohttp_post(client, url, body, headers, timeout, started)
     except (asyncio.TimeoutError, TimeoutError):
         error = _timed_out(url, timeout, queued)
-    except plain_http.TooLarge as exc:
+    except framing.TooLarge as exc:
         error = _too_large(url, client.max_reply_bytes, exc)
     except (destinations.Denied, aiohttp.ClientConnectorError) as exc:
         error = _denied_or_unreachable(url, exc)
-    except (plain_http.BadReply, aiohttp.ClientResponseError) as exc:  # aiohttp's parser: 400
+    except (framing.BadReply, aiohttp.ClientResponseError) as exc:  # aiohttp's parser: 400
         error = _bad_framing(url, exc)
     except (aiohttp.ClientError, plain_http.ConnectFailed, plain_http.Dropped) as exc:
         error = _unreachable(url, exc)
@@ -193,7 +203,8 @@ async def _aiohttp_post(
     async with client.session.post(
         url, data=body, headers=headers, timeout=exact_timeout(timeout), allow_redirects=False
     ) as reply:
-        raw = await read_capped(reply, client.max_reply_bytes)
+        wait = timeout - (time.monotonic() - started)  # aiohttp's timer cancels only its own
+        raw = await read_capped(reply, client.max_reply_bytes, client.replies, wait)
         seconds = time.monotonic() - started
         report = reports.bounded(reply.headers.get(reports.HEADER))
         cookies = reply.headers.getall("Set-Cookie", [])
@@ -201,28 +212,55 @@ async def _aiohttp_post(
         return Reply(reply.status, raw, cookies, seconds, report, where)
 
 
-async def read_capped(reply: aiohttp.ClientResponse, limit: int) -> bytes:
+async def read_capped(
+    reply: aiohttp.ClientResponse,
+    limit: int,
+    replies: ReplyBudget | None = None,
+    wait: float = math.inf,
+) -> bytes:
     """The body of `reply` (decompressed by aiohttp, in bounded pieces), at most `limit` bytes
-    by its Content-Length and by what was read.
+    by its Content-Length and by what was read; read once its bytes are reserved in `replies`
+    (its Content-Length, or `limit` when it is compressed or has none), given back at the end.
 
     Raises:
-        plain_http.TooLarge: over `limit`; the connection is closed.
+        framing.TooLarge: over `limit`; the connection is closed.
+        TimeoutError: the bytes were not free within `wait` seconds.
     """
     size = reply.content_length
     if size is not None and size > limit:
         reply.close()
-        raise plain_http.TooLarge(f"Content-Length {size} is over {limit}")
+        raise framing.TooLarge(f"Content-Length {size} is over {limit}")
+    if replies is None:
+        return await _read_upto(reply, limit)
+    known = size is not None and "Content-Encoding" not in reply.headers
+    reservation = replies.reserve(size if known and size is not None else limit)
+    try:
+        if not reservation.held:
+            held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            reservation.when_held(functools.partial(_settle, held))
+            await asyncio.wait_for(held, None if wait == math.inf else max(wait, 0.0))
+        return await _read_upto(reply, limit)
+    finally:
+        reservation.release()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():  # not cancelled meanwhile
+        future.set_result(None)
+
+
+async def _read_upto(reply: aiohttp.ClientResponse, limit: int) -> bytes:
     pieces, size = [], 0
     async for piece in reply.content.iter_any():
         size += len(piece)
         if size > limit:
             reply.close()
-            raise plain_http.TooLarge(f"more than {limit} body bytes came (decompressed)")
+            raise framing.TooLarge(f"more than {limit} body bytes came (decompressed)")
         pieces.append(piece)
     return b"".join(pieces)
 
 
-def _too_large(url: str, limit: int, exc: plain_http.TooLarge) -> errors.ItemError:
+def _too_large(url: str, limit: int, exc: framing.TooLarge) -> errors.ItemError:
     return errors.ItemError(
         code_pb2.FAILED_PRECONDITION,
         reasons.UPSTREAM_REPLY_TOO_LARGE,

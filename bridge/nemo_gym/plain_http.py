@@ -8,8 +8,9 @@ upstream. What it does, and nothing more: `POST` of a body of bytes with a fixed
 one request at a time per connection (no pipelining), a keep-alive pool per host:port with no
 size limit (the bridge's slots bound the calls), Content-Length, chunked and close-delimited
 replies, gzip / deflate bodies (decoded as aiohttp does), 1xx replies skipped, a cap on a
-body's bytes as sent and as decoded (`Client(max_body=)`). No redirects, no cookie jar, no
-proxies, no TLS.
+body's bytes as sent and as decoded (`Client(max_body=)`), each body read only once its bytes
+are reserved (`Client(replies=)`; until then its connection is not read). No redirects, no
+cookie jar, no proxies, no TLS.
 
 Errors say what reached the upstream: `ConnectFailed` (nothing was sent: refused or
 unreachable), `destinations.Denied` (nothing was sent: the address policy refuses it),
@@ -36,9 +37,13 @@ from nemo_gym_grpc.bridge.nemo_gym.framing import (
     MAX_HEAD_BYTES,
     MAX_HEADERS,
     MAX_LINE_BYTES,
+    BadReply,
+    TooLarge,
+    decode_body,
     request_head,
     split_url,
 )
+from nemo_gym_grpc.bridge.nemo_gym.replies import ReplyBudget, Reservation
 
 # Seconds an idle connection is kept (NeMo Gym's uvicorn closes them after 30 s; reusing one
 # just as the server closes it costs a failed attempt).
@@ -53,17 +58,6 @@ class ConnectFailed(ConnectionError):
 class Dropped(ConnectionError):
     """The request was sent (at least in part), then the connection closed or broke before the
     whole reply arrived: the upstream may have acted on it."""
-
-
-class BadReply(ValueError):
-    """The reply could not be read as HTTP/1.1 (llhttp refused it, or its head breaks a limit
-    of `framing`, or its body does not decode): the request was sent."""
-
-
-class TooLarge(BadReply):
-    """The reply's body is over the client's `max_body` bytes, as sent (its Content-Length, or
-    the bytes read) or as decoded (gzip / deflate): reading stopped there, the connection is
-    closed. The message says which."""
 
 
 @dataclass(slots=True)
@@ -82,11 +76,17 @@ class _Connection(asyncio.Protocol):
     """One TCP connection and the reply being read on it (httptools' callbacks)."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, keep: frozenset[bytes], max_body: int
+        self,
+        loop: asyncio.AbstractEventLoop,
+        keep: frozenset[bytes],
+        max_body: int,
+        replies: ReplyBudget | None,
     ) -> None:
         self._loop = loop
         self._keep = keep
         self._max_body = max_body
+        self._replies = replies
+        self.reservation: Reservation | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[Response] | None = None
@@ -100,6 +100,7 @@ class _Connection(asyncio.Protocol):
         self._cookies: list[str] = []
         self._kept: dict[str, str] = {}
         self._framed = False  # Content-Length or chunked: the end is not the connection's
+        self._length = -1  # the Content-Length, -1 without one
         self._encoding = b""
         self._head_bytes = 0
         self._headers = 0
@@ -149,8 +150,10 @@ class _Connection(asyncio.Protocol):
             self._cookies.append(value.decode("latin-1"))
         elif lowered == b"content-length":
             self._framed = True
-            if value.isdigit() and int(value) > self._max_body:
-                self._fail(TooLarge(f"Content-Length {int(value)} is over {self._max_body}"))
+            if value.isdigit():
+                self._length = int(value)
+                if self._length > self._max_body:
+                    self._fail(TooLarge(f"Content-Length {self._length} is over {self._max_body}"))
         elif lowered == b"transfer-encoding" and b"chunked" in value.lower():
             self._framed = True
         elif lowered == b"content-encoding":
@@ -163,7 +166,28 @@ class _Connection(asyncio.Protocol):
         self._headers_done = True
         if status < 200 or status in (204, 304):  # no body follows these
             self._framed = True
+        elif self._replies is not None and self.reservation is None:
+            self._reserve(self._replies)
         self._status = status
+
+    def _reserve(self, replies: ReplyBudget) -> None:
+        """Reserve the body's bytes: its Content-Length, or the cap when it is not known or
+        may inflate; read no further until they are held."""
+        known = self._length >= 0 and not self._encoding
+        self.reservation = replies.reserve(self._length if known else self._max_body)
+        if not self.reservation.held and self.transport is not None:
+            self.transport.pause_reading()
+            self.reservation.when_held(self._resume)
+
+    def _resume(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def release(self) -> None:
+        """Give back the reply's reserved bytes (or leave the queue for them)."""
+        if self.reservation is not None:
+            self.reservation.release()
+            self.reservation = None
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -186,7 +210,7 @@ class _Connection(asyncio.Protocol):
         body = b"".join(self._body)
         if self._encoding:
             try:
-                body = _decoded(body, self._encoding, self._max_body)
+                body = decode_body(body, self._encoding, self._max_body)
             except TooLarge as exc:
                 self._fail(exc)
                 return
@@ -220,36 +244,6 @@ class _Connection(asyncio.Protocol):
         self._fail(TimeoutError())
 
 
-def _decoded(body: bytes, encoding: bytes, limit: int) -> bytes:
-    """A reply body decoded as aiohttp decodes it: gzip, deflate (zlib-wrapped, or raw when its
-    first byte is no zlib header); an empty body or another encoding as it came, except the
-    two aiohttp refuses without extra packages (br, zstd). A cut gzip body gives what it
-    holds; a cut deflate body is refused. At most `limit` + 1 bytes are ever inflated.
-
-    Raises:
-        zlib.error: the body does not decode; BadReply: br or zstd; TooLarge: it decodes to
-            more than `limit` bytes.
-    """
-    if not body:
-        return body
-    if encoding in (b"br", b"zstd"):
-        raise BadReply("br and zstd bodies are not decoded")
-    if encoding == b"gzip":
-        wbits = 16 + zlib.MAX_WBITS
-    elif encoding == b"deflate":
-        wbits = zlib.MAX_WBITS if body[0] & 0xF == 8 else -zlib.MAX_WBITS
-    else:
-        return body
-    decoder = zlib.decompressobj(wbits)
-    out = decoder.decompress(body, limit + 1)
-    if len(out) > limit or decoder.unconsumed_tail:
-        raise TooLarge(f"the {encoding.decode()} body inflates to more than {limit} bytes")
-    out += decoder.flush()
-    if encoding == b"deflate" and not decoder.eof:
-        raise zlib.error("the deflate stream is cut short")
-    return out
-
-
 class Client:
     """POSTs over kept-alive HTTP/1.1 connections, one pool per host:port (see the module).
 
@@ -260,12 +254,18 @@ class Client:
         max_body: most bytes of a reply's body, as sent and as decoded (`TooLarge` beyond).
         policy: the addresses it may connect to (`destinations.Denied` for others; default
             `Policy()`).
+        replies: where each reply body reserves its bytes before it is read; None = nowhere.
     """
 
     def __init__(
-        self, max_body: int, keep: Iterable[str] = (), policy: Policy | None = None
+        self,
+        max_body: int,
+        keep: Iterable[str] = (),
+        policy: Policy | None = None,
+        replies: ReplyBudget | None = None,
     ) -> None:
         self._policy = policy or Policy()
+        self._replies = replies
         self._keepalive = KEEPALIVE_TIMEOUT
         self._max_body = max_body
         self._keep = frozenset(name.lower().encode("latin-1") for name in keep)
@@ -300,6 +300,7 @@ class Client:
             raise
         finally:
             timer.cancel()
+            connection.release()
             self._busy.discard(connection)
         if connection.reusable and not connection.closed:
             self._put(host, port, connection, loop)
@@ -361,7 +362,7 @@ class Client:
         """A connection to the first of `host`'s allowed addresses that takes one."""
         failed: OSError = OSError(f"{host} has no address")
         for address in await self._policy.addresses(host, port):
-            connection = _Connection(loop, self._keep, self._max_body)
+            connection = _Connection(loop, self._keep, self._max_body, self._replies)
             try:
                 await loop.create_connection(lambda: connection, address, port)  # noqa: B023
             except OSError as exc:

@@ -8,7 +8,7 @@ import ipaddress
 import ssl
 
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
-from nemo_gym_grpc.shared.contract import TOKEN_ENV
+from nemo_gym_grpc.shared.contract import TOKEN_ENV, MiB
 
 
 def is_loopback(listen: str) -> bool:
@@ -68,6 +68,7 @@ def check_limits(config: BridgeConfig) -> None:
     Raises:
         ValueError: a limit below 1, `max_batch_items` over `max_stream_items` (a message
             is parsed whole, so a bigger one would break the bound on items held per stream),
+            `--max-replies-mb` below `--max-reply-mb`,
             or a name given both to `--agent` and `--environment-server`.
     """
     both = sorted(set(config.agents) & set(config.environment_servers))
@@ -86,6 +87,12 @@ def check_limits(config: BridgeConfig) -> None:
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
+    if config.max_replies_bytes < config.max_reply_bytes:
+        raise ValueError(
+            f"--max-replies-mb {config.max_replies_bytes / MiB:g} is below --max-reply-mb "
+            f"{config.max_reply_bytes / MiB:g}: the reply bytes read at once must hold one "
+            "reply of the largest size"
+        )
     if config.max_batch_items is not None and config.max_batch_items > config.max_stream_items:
         raise ValueError(
             f"--max-batch-items {config.max_batch_items} exceeds --max-stream-items "

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nemo_gym_grpc.bridge.flows.attempts import RetryPolicy
-from nemo_gym_grpc.bridge.nemo_gym.http import DEFAULT_MAX_REPLY_BYTES
+from nemo_gym_grpc.bridge.nemo_gym.http import DEFAULT_MAX_REPLIES_BYTES, DEFAULT_MAX_REPLY_BYTES
+from nemo_gym_grpc.bridge.process.options import option, routes, setting
 from nemo_gym_grpc.shared import contract
 from nemo_gym_grpc.shared.contract import MAX_MESSAGE_BYTES, RUN_TIMEOUT_ENV, TOKEN_ENV, MiB
 from nemo_gym_grpc.shared.flags import (
@@ -29,49 +29,8 @@ from nemo_gym_grpc.shared.flags import (
     positive_float,
     positive_int,
     readable_file,
-    server_entry,
     token_file,
 )
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def setting(*flags: Flag, convert: Callable[..., Any] = _same) -> Any:
-    """A `BridgeConfig` field set by `flags`: its value is `convert(*the flags' values)`, and
-    its default `convert(*the flags' defaults)`."""
-    return field(
-        default_factory=lambda: convert(*(flag.default for flag in flags)),
-        metadata={"flags": flags, "convert": convert},
-    )
-
-
-def option(name: str, text: str, *, convert: Callable[..., Any] = _same, **flag: Any) -> Any:
-    """A `BridgeConfig` field set by the one flag `Flag(name, text, **flag)` (see `setting`)."""
-    return setting(Flag(name, text, **flag), convert=convert)
-
-
-def _replicas(entries: list[tuple[str, str]]) -> dict[str, str | list[str]]:
-    """`--server` entries grouped by name: {name: [base URL, ...]} in the order given."""
-    grouped: dict[str, list[str]] = {}
-    for name, url in entries:
-        grouped.setdefault(name, []).append(url)
-    return {name: urls for name, urls in grouped.items()}
-
-
-def _routes(flag: str, text: str) -> Any:
-    """A routing table field set by the repeatable `flag NAME=URL` (`server_entry`):
-    {name: [base URL, ...]}."""
-    return option(
-        flag,
-        text,
-        type=server_entry,
-        default=(),
-        kind="list",
-        metavar="NAME=URL",
-        convert=_replicas,
-    )
 
 
 @dataclass(kw_only=True)
@@ -80,9 +39,9 @@ class BridgeConfig:
 
     Fields that hold a converted value: `servers` (and `agents`, `environment_servers`) is
     {server name: base URL, or a list of them (replicas)}; `retry` a `RetryPolicy`;
-    `max_item_bytes`, `max_message_bytes`, `max_reply_bytes`, `max_stream_bytes` and
-    `max_held_bytes` are bytes (their flags take MiB); `token` is the token itself (its flag
-    names a file, its variable holds the token).
+    `max_item_bytes`, `max_message_bytes`, `max_reply_bytes`, `max_replies_bytes`,
+    `max_stream_bytes` and `max_held_bytes` are bytes (their flags take MiB); `token` is the
+    token itself (its flag names a file, its variable holds the token).
     `reuse_port` has no flag.
     """
 
@@ -99,18 +58,18 @@ class BridgeConfig:
         type=http_url,
         metavar="URL",
     )
-    servers: dict[str, str | list[str]] = _routes(
+    servers: dict[str, str | list[str]] = routes(
         "--server",
         "a resources server base URL (repeatable; the same NAME again adds a replica, load "
         "goes to the least busy one); wins over discovery",
     )
-    agents: dict[str, str | list[str]] = _routes(
+    agents: dict[str, str | list[str]] = routes(
         "--agent",
         "a NeMo Gym agent server base URL (e.g. simple_agent) that Run/RunStream post "
         "rows to at <URL>/run (repeatable; the same NAME again adds a replica, load goes "
         "to the least busy one); wins over discovery",
     )
-    environment_servers: dict[str, str | list[str]] = _routes(
+    environment_servers: dict[str, str | list[str]] = routes(
         "--environment-server",
         "a NeMo Gym (>= 0.7) environment server base URL that Run/RunStream post "
         "episodes to at <URL>/run (repeatable like --agent); wins over discovery",
@@ -286,6 +245,16 @@ class BridgeConfig:
         "read further and fails its item with FAILED_PRECONDITION / UPSTREAM_REPLY_TOO_LARGE",
         type=positive_float,
         default=DEFAULT_MAX_REPLY_BYTES / MiB,
+        metavar="MIB",
+        convert=lambda mb: int(mb * MiB),
+    )
+    max_replies_bytes: int = option(
+        "--max-replies-mb",
+        "MiB of NeMo Gym reply bodies read at once, all calls together (at least "
+        "--max-reply-mb): a reply waits for room before its body is read, inside its item's "
+        "deadline (each reserves its Content-Length, or --max-reply-mb without one)",
+        type=positive_float,
+        default=DEFAULT_MAX_REPLIES_BYTES / MiB,
         metavar="MIB",
         convert=lambda mb: int(mb * MiB),
     )

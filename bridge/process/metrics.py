@@ -17,6 +17,9 @@
   each replica's adaptive limit and the no-load latency it was found from (`flows/limits.py`;
   none with `--fixed-concurrency`), by `upstream`;
 - `nemo_gym_grpc_active_streams` (gauge): open VerifyStream and RunStream calls;
+- `nemo_gym_grpc_reply_bytes` / `nemo_gym_grpc_replies_waiting` (gauges): bytes of NeMo Gym
+  reply bodies reserved for reading now / replies waiting for room (`--max-replies-mb`,
+  `nemo_gym.replies`);
 - `nemo_gym_grpc_rollouts_total` (counter): rollouts answered (Run, RunStream), by `agent`,
   `outcome`, `code` and `reason` as for items;
 - `nemo_gym_grpc_rollout_latency_seconds` (histogram): one rollout's `/run` call, by `agent`;
@@ -46,6 +49,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from nemo_gym_grpc.bridge.flows.balancer import Balancer
+from nemo_gym_grpc.bridge.nemo_gym.replies import ReplyBudget
 
 UNKNOWN_SERVER = "(unknown)"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -105,10 +109,13 @@ class Metrics:
         # Labelled children by label values: `labels()` validates and locks on every call.
         self._children: dict[tuple[str, ...], Any] = {}
 
-    def watch(self, balancer: Balancer, active_streams: Callable[[], int]) -> None:
-        """Report the load gauges from `balancer`'s replicas and `active_streams()` at each
-        scrape (read from the live counters, so they cannot drift from them)."""
-        self.registry.register(_LoadCollector(balancer, active_streams))
+    def watch(
+        self, balancer: Balancer, active_streams: Callable[[], int], replies: ReplyBudget
+    ) -> None:
+        """Report the load gauges from `balancer`'s replicas, `active_streams()` and
+        `replies` at each scrape (read from the live counters, so they cannot drift from
+        them)."""
+        self.registry.register(_LoadCollector(balancer, active_streams, replies))
 
     def watch_rollouts(self, load: Callable[[], Mapping[str, tuple[int, int, int]]]) -> None:
         """Report the rollout gauges from `load()`: {agent: (in flight, waiting, straggling)},
@@ -161,9 +168,12 @@ class Metrics:
 
 
 class _LoadCollector:
-    def __init__(self, balancer: Balancer, active_streams: Callable[[], int]) -> None:
+    def __init__(
+        self, balancer: Balancer, active_streams: Callable[[], int], replies: ReplyBudget
+    ) -> None:
         self._balancer = balancer
         self._active_streams = active_streams
+        self._replies = replies
 
     def collect(self) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily(
@@ -197,6 +207,16 @@ class _LoadCollector:
             "nemo_gym_grpc_active_streams",
             "Open VerifyStream and RunStream calls.",
             value=self._active_streams(),
+        )
+        yield GaugeMetricFamily(
+            "nemo_gym_grpc_reply_bytes",
+            "Bytes of NeMo Gym reply bodies reserved for reading now (--max-replies-mb).",
+            value=self._replies.held,
+        )
+        yield GaugeMetricFamily(
+            "nemo_gym_grpc_replies_waiting",
+            "NeMo Gym replies waiting for room before their bodies are read.",
+            value=self._replies.waiting,
         )
 
 

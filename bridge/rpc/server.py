@@ -134,8 +134,7 @@ class Bridge:
 async def build(config: BridgeConfig, client: http.Client) -> Bridge:
     """Wire a bridge for `config` on the running event loop: routing tables (resources
     servers; agents and environment servers), interceptors (token auth, health budget, stream
-    limit),
-    metrics, the verify and run flows, services (VerifyService, RolloutService, health,
+    limit), metrics, the verify and run flows, services (VerifyService, RolloutService, health,
     reflection) and the bound port. `config` is taken as checked (`check_tls`, `check_exposure`,
     `check_limits`); `client` carries every upstream call.
 
@@ -153,7 +152,7 @@ async def build(config: BridgeConfig, client: http.Client) -> Bridge:
     server = grpc.aio.server(options=grpc_options(config), interceptors=interceptors)
     metrics = Metrics()
     verifier, runner = _flows(config, client, upstreams, agents, metrics)
-    metrics.watch(verifier.balancer, lambda: stream_limit.active)
+    metrics.watch(verifier.balancer, lambda: stream_limit.active, client.replies)
     metrics.watch_rollouts(runner.load)
     limits = {
         "max_stream_items": config.max_stream_items,
@@ -347,9 +346,10 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
     deny = destinations.DEFAULT_DENY + config.deny_upstream
     policy = destinations.Policy(deny, config.allow_upstream)
     async with _session(policy) as session:
-        builtin = config.upstream_client == "builtin"
-        limit = config.max_reply_bytes
-        client = http.Client(session, builtin=builtin, max_reply_bytes=limit, policy=policy)
+        client = http.Client(
+            session, builtin=config.upstream_client == "builtin", policy=policy,
+            max_reply_bytes=config.max_reply_bytes, max_replies_bytes=config.max_replies_bytes,
+        )  # fmt: skip
         bridge = await build(config, client)
         await bridge.readiness.round()
         metrics_runner = await _metrics_server(config, bridge.metrics)
