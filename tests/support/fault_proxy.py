@@ -142,6 +142,19 @@ class FaultProxy:
         self._call(asyncio.sleep(downtime))
         self._call(self._listen())
 
+    def cut_connections(self) -> None:
+        """Abort every open connection (requests in flight end without a reply) and keep
+        listening: a server whose workers died and came back at once. (`restart` also closes
+        the listener for a while, during which connections are refused.)"""
+        self._call(self._cut())
+
+    async def _cut(self) -> None:
+        assert self._runner is not None and self._runner.server is not None
+        for handler in list(self._runner.server.connections):
+            if handler.transport is not None:
+                handler.transport.abort()
+        await asyncio.sleep(0)  # let the connections' handlers see it
+
     def set_faults(self, *faults: Fault) -> list[Fault]:
         """Replace the fault list and reset every counter. Returns the faults."""
         self.faults = list(faults)
