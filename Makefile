@@ -25,7 +25,8 @@ DEMO_RUN = $(PY) -m tests.demo
 # grpcio-tools' bundled well-known types.
 GAPI = $(shell $(PY) -c "import google.rpc, os; print(os.path.dirname(os.path.dirname(list(google.rpc.__path__)[0])))")
 GTOOLS = $(shell $(PY) -c "import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), '_proto'))")
-PROTOS = proto/nemo_gym_grpc/v1/verify.proto proto/nemo_gym_grpc/v1/rollout.proto
+PROTOS = proto/nemo_gym_grpc/v1/verify.proto proto/nemo_gym_grpc/v1/rollout.proto \
+  proto/nemo_gym_grpc/v1/session.proto
 OUT ?= proto
 
 help:

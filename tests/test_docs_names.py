@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor_pool
 
-from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2  # noqa: F401 (their services in the pool)
+from nemo_gym_grpc.v1 import rollout_pb2, session_pb2, verify_pb2  # noqa: F401 (in the pool)
 from tests.stacks_common import VERL_PYTHON
 from tests.support.axolotl_venv import OVERLAY
 

@@ -115,18 +115,7 @@ class Verifier:
         except Exception as exc:  # every item gets its outcome, a bridge bug's included
             return self.failed(request, errors.as_item_error(exc, request.request_id))
         self.metrics.item(request.resources_server, "OK", "")
-        result = verify_pb2.VerifyResponse(
-            request_id=request.request_id, reward=scored.reward, latency_seconds=seconds
-        )
-        if scored.components:  # (faster than passing them to the constructor)
-            result.reward_components.update(scored.components)
-        if scored.reply_json:
-            result.reply_json = scored.reply_json
-        if scored.failure_kind:  # a valid but degraded measurement (NeMo Gym >= 0.7)
-            result.failure_kind = scored.failure_kind
-        if scored.failure_reason:
-            result.failure_reason = scored.failure_reason
-        return result
+        return scored_response(request.request_id, scored, seconds)
 
     def failed(
         self, request: verify_pb2.VerifyRequest, error: errors.ItemError
@@ -317,6 +306,23 @@ class Verifier:
             cookie=cookie,
             queued=queued,
         )
+
+
+def scored_response(request_id: str, scored: Scored, seconds: float) -> verify_pb2.VerifyResponse:
+    """The VerifyResponse of a scored item: its reward, components, reply fields and the
+    reply's `failure_kind` / `failure_reason` when it named any; `seconds` its latency."""
+    result = verify_pb2.VerifyResponse(
+        request_id=request_id, reward=scored.reward, latency_seconds=seconds
+    )
+    if scored.components:  # (faster than passing them to the constructor)
+        result.reward_components.update(scored.components)
+    if scored.reply_json:
+        result.reply_json = scored.reply_json
+    if scored.failure_kind:  # a valid but degraded measurement (NeMo Gym >= 0.7)
+        result.failure_kind = scored.failure_kind
+    if scored.failure_reason:
+        result.failure_reason = scored.failure_reason
+    return result
 
 
 def _slot_timeout(url: str, queued: float) -> attempts.NotSent:

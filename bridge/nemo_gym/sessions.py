@@ -150,6 +150,10 @@ class Closer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def drain(self) -> None:
+        """Wait for the closes under way to end (each within its timeout)."""
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     async def aclose(self) -> None:
         """Cancel the closes still under way (on drain) and wait for them to end."""
         tasks = list(self._tasks)

@@ -223,6 +223,22 @@ class BridgeConfig:
         default=300.0,
         metavar="SECONDS",
     )
+    session_lease: float = option(
+        "--session-lease",
+        "seconds a SessionService session may stay idle (no call in progress) before the "
+        "bridge closes it upstream (a request's lease_seconds overrides it)",
+        type=positive_float,
+        default=300.0,
+        metavar="SECONDS",
+    )
+    max_sessions: int = option(
+        "--max-sessions",
+        "most SessionService sessions open at once; OpenSession beyond it fails "
+        "RESOURCE_EXHAUSTED / TOO_MANY_SESSIONS",
+        type=positive_int,
+        default=16384,
+        metavar="N",
+    )
     max_health_watches: int = option(
         "--max-health-watches",
         "most concurrent health Watch calls (health is open without the token; each Watch "

@@ -8,6 +8,10 @@
   `resources_server` and `reason` (of the failure that was retried);
 - `nemo_gym_grpc_session_closes_total` (counter): `/close_session` calls the bridge made in
   the background, by `resources_server` and `reason` ("" = closed, else why not);
+- `nemo_gym_grpc_tool_calls_total` (counter): session tool calls (SessionService), by
+  `resources_server`, `tool` ("(unknown)" for a route the server does not have) and `code`;
+  `nemo_gym_grpc_open_sessions` (gauge): sessions open; session calls' latency is in
+  `nemo_gym_grpc_upstream_latency_seconds` (route "/(tool)" for tool calls);
 - `nemo_gym_grpc_unseeded_items_total` (counter): items run without a session on a server
   whose `/seed_session` takes a body of its own (it keeps per-session state), by
   `resources_server`;
@@ -87,6 +91,12 @@ class Metrics:
             ["resources_server", "reason"],
             registry=self.registry,
         )
+        self.tool_calls = Counter(
+            "nemo_gym_grpc_tool_calls",
+            "Session tool calls, by resources server, tool and outcome (gRPC code name).",
+            ["resources_server", "tool", "code"],
+            registry=self.registry,
+        )
         self.unseeded = Counter(
             "nemo_gym_grpc_unseeded_items",
             "Items run without a session on a server whose /seed_session takes its own body.",
@@ -150,6 +160,15 @@ class Metrics:
         """Count one background `/close_session` call; `reason` is "" when it closed, else
         the ErrorInfo-style reason of its failure."""
         self._child(self.closes, "closes", resources_server, reason).inc()
+
+    def tool_call(self, resources_server: str, tool: str, code: str) -> None:
+        """Count one session tool call (`tool` "(unknown)" when the server has no such
+        route, so request text cannot grow the label set)."""
+        self._child(self.tool_calls, "tools", resources_server, tool, code).inc()
+
+    def watch_sessions(self, count: Callable[[], int]) -> None:
+        """Report `nemo_gym_grpc_open_sessions` from `count()` at each scrape."""
+        self.registry.register(_SessionsCollector(count))
 
     def unseeded_item(self, resources_server: str) -> None:
         """Count one item run without a session on a server that keeps per-session state."""
@@ -217,6 +236,18 @@ class _LoadCollector:
             "nemo_gym_grpc_replies_waiting",
             "NeMo Gym replies waiting for room before their bodies are read.",
             value=self._replies.waiting,
+        )
+
+
+class _SessionsCollector:
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "nemo_gym_grpc_open_sessions",
+            "Sessions open (SessionService), until closed or idle past their lease.",
+            value=self._count(),
         )
 
 

@@ -24,12 +24,14 @@ from grpc_health.v1 import health, health_pb2
 from nemo_gym_grpc.bridge.flows.upstreams import Repeats, Upstreams
 from nemo_gym_grpc.bridge.nemo_gym.head import HeadUnreadable
 from nemo_gym_grpc.bridge.nemo_gym.http import answers
-from nemo_gym_grpc.shared.contract import ROLLOUT_SERVICE, VERIFY_SERVICE
+from nemo_gym_grpc.shared.contract import ROLLOUT_SERVICE, SESSION_SERVICE, VERIFY_SERVICE
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = VERIFY_SERVICE.full_name
 ROLLOUT_SERVICE_NAME = ROLLOUT_SERVICE.full_name
+# Sessions run on the resources servers: SERVING with VerifyService.
+SESSION_SERVICE_NAME = SESSION_SERVICE.full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -121,7 +123,7 @@ class Readiness:
         self.known = discovered or any(table.names() for table, _ in self._tables)
         if self.known:
             self._log_routes()
-            for service in ("", *(service for _, service in self._tables)):
+            for service in ("", SESSION_SERVICE_NAME, *(service for _, service in self._tables)):
                 await self._servicer.set(service, SERVING)
 
     def _log_routes(self) -> None:

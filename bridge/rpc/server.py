@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from nemo_gym_grpc.bridge.flows.discovery import HeadServer
 from nemo_gym_grpc.bridge.flows.run import Runner
+from nemo_gym_grpc.bridge.flows.session import Sessions
 from nemo_gym_grpc.bridge.flows.upstreams import AGENTS, Upstreams
 from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.nemo_gym import destinations, framing, http
@@ -29,6 +30,7 @@ from nemo_gym_grpc.bridge.process.allocator import return_large_frees
 from nemo_gym_grpc.bridge.process.checks import check_exposure, check_limits, check_tls
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.bridge.process.metrics import Metrics, start_metrics_server
+from nemo_gym_grpc.bridge.rpc import transport
 from nemo_gym_grpc.bridge.rpc.budget import Budget
 from nemo_gym_grpc.bridge.rpc.health import NOT_SERVING, Readiness
 from nemo_gym_grpc.bridge.rpc.interceptors import (
@@ -37,46 +39,13 @@ from nemo_gym_grpc.bridge.rpc.interceptors import (
     StreamLimitInterceptor,
 )
 from nemo_gym_grpc.bridge.rpc.rollout_service import RolloutService, add_rollout_service
+from nemo_gym_grpc.bridge.rpc.session_service import SessionService, add_session_service
 from nemo_gym_grpc.bridge.rpc.verify_service import VerifyService, add_verify_service
 from nemo_gym_grpc.shared import stragglers
 from nemo_gym_grpc.shared.child import write_ready_file
 from nemo_gym_grpc.shared.contract import SERVICES
 
 log = logging.getLogger(__name__)
-
-
-def grpc_options(config: BridgeConfig) -> list[tuple[str, int]]:
-    """grpc.aio server options: message limits, keepalive, connection age and count, handshake
-    time, no port sharing."""
-    options = [
-        ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.so_reuseport", int(config.reuse_port)),
-        # Ping idle clients every 60 s; drop ones silent for 20 s more. Accept client pings
-        # every 10 s or slower.
-        ("grpc.keepalive_time_ms", 60_000),
-        ("grpc.keepalive_timeout_ms", 20_000),
-        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-        ("grpc.server_handshake_timeout_ms", int(config.handshake_timeout * 1000)),
-        ("grpc.max_allowed_incoming_connections", config.max_connections),
-    ]
-    if config.max_connection_age > 0:
-        options += [
-            ("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
-            ("grpc.max_connection_age_grace_ms", int(config.grace * 1000)),
-        ]
-    return options
-
-
-def _credentials(config: BridgeConfig) -> grpc.ServerCredentials | None:
-    if not config.tls_cert or not config.tls_key:
-        return None
-    ca = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
-    return grpc.ssl_server_credentials(
-        [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
-        root_certificates=ca,
-        require_client_auth=ca is not None,
-    )
 
 
 async def _metrics_server(config: BridgeConfig, metrics: Metrics) -> web.AppRunner | None:
@@ -119,6 +88,7 @@ class Bridge:
         tls: whether the server speaks TLS.
         verifier: scores the items; `aclose()` on drain ends its background calls.
         runner: runs the rollouts (RolloutService).
+        sessions: the open sessions (SessionService); `aclose()` on drain closes them.
     """
 
     server: grpc.aio.Server
@@ -129,6 +99,7 @@ class Bridge:
     tls: bool
     verifier: Verifier
     runner: Runner
+    sessions: Sessions
 
 
 async def build(config: BridgeConfig, client: http.Client) -> Bridge:
@@ -149,23 +120,31 @@ async def build(config: BridgeConfig, client: http.Client) -> Bridge:
     interceptors: list[grpc.aio.ServerInterceptor] = [health_budget, stream_limit]
     if config.token:
         interceptors.insert(0, BearerTokenInterceptor(config.token))
-    server = grpc.aio.server(options=grpc_options(config), interceptors=interceptors)
+    server = grpc.aio.server(options=transport.grpc_options(config), interceptors=interceptors)
     metrics = Metrics()
     verifier, runner = _flows(config, client, upstreams, agents, metrics)
     metrics.watch(verifier.balancer, lambda: stream_limit.active, client.replies)
     metrics.watch_rollouts(runner.load)
+    budget = Budget(config.max_held_bytes)
     limits = {
         "max_stream_items": config.max_stream_items,
         "max_batch_items": config.max_batch_items or config.max_stream_items,
         "max_message_bytes": config.max_message_bytes,
         "max_stream_bytes": config.max_stream_bytes,
-        "budget": Budget(config.max_held_bytes),
+        "budget": budget,
         "idle_timeout": config.stream_idle_timeout,
     }
     add_verify_service(VerifyService(verifier, **limits), server)
     add_rollout_service(RolloutService(runner, **limits), server)
+    sessions = Sessions(
+        upstreams, client, balancer=verifier.balancer, catalog=verifier.capabilities,
+        metrics=metrics, default_timeout=config.verify_timeout,
+        max_item_bytes=config.max_item_bytes, lease=config.session_lease,
+        max_sessions=config.max_sessions,
+    )  # fmt: skip
+    add_session_service(SessionService(sessions, verifier, budget), server)
     health_servicer = await _add_health(server)
-    credentials = _credentials(config)
+    credentials = transport.credentials(config)
     port = _bind(server, config, credentials)
     readiness = Readiness(
         health_servicer, upstreams, session, config.health_interval, agents=agents
@@ -179,6 +158,7 @@ async def build(config: BridgeConfig, client: http.Client) -> Bridge:
         tls=credentials is not None,
         verifier=verifier,
         runner=runner,
+        sessions=sessions,
     )
 
 
@@ -372,16 +352,23 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
         try:
             await stop.wait()
         finally:
-            log.info("draining: NOT_SERVING, %.1f s grace for in-flight calls", config.grace)
-            await bridge.health.enter_graceful_shutdown()
-            for task in background:
-                task.cancel()
-            await bridge.server.stop(config.grace)
-            await bridge.verifier.aclose()  # background /close_session calls
+            await _drain(bridge, config.grace, background)
             await client.aclose()
             if metrics_runner is not None:
                 await metrics_runner.cleanup()
             log.info("stopped")
+
+
+async def _drain(bridge: Bridge, grace: float, background: list[asyncio.Task[None]]) -> None:
+    """Health NOT_SERVING, the `background` tasks cancelled, in-flight calls given `grace`
+    seconds, then every open session and background `/close_session` call ended."""
+    log.info("draining: NOT_SERVING, %.1f s grace for in-flight calls", grace)
+    await bridge.health.enter_graceful_shutdown()
+    for task in background:
+        task.cancel()
+    await bridge.server.stop(grace)
+    await bridge.sessions.aclose()  # every open session closed upstream
+    await bridge.verifier.aclose()  # background /close_session calls
 
 
 def run(config: BridgeConfig) -> None:

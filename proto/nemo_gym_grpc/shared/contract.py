@@ -11,7 +11,7 @@ generated code (tests/test_shared_names.py).
 
 from __future__ import annotations
 
-from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
+from nemo_gym_grpc.v1 import rollout_pb2, session_pb2, verify_pb2
 
 MiB = 1024 * 1024
 # The gRPC message size limit, both directions, in bytes: the default of the bridge's
@@ -41,7 +41,8 @@ RUN_TIMEOUT_ENV = "NEMO_GYM_GRPC_RUN_TIMEOUT"
 
 VERIFY_SERVICE = verify_pb2.DESCRIPTOR.services_by_name["VerifyService"]
 ROLLOUT_SERVICE = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"]
-SERVICES = (VERIFY_SERVICE, ROLLOUT_SERVICE)
+SESSION_SERVICE = session_pb2.DESCRIPTOR.services_by_name["SessionService"]
+SERVICES = (VERIFY_SERVICE, ROLLOUT_SERVICE, SESSION_SERVICE)
 # Every bidirectional stream of SERVICES: full method name ("/package.Service/Method") -> RPC.
 STREAM_METHODS = {
     f"/{service.full_name}/{method.name}": method.name

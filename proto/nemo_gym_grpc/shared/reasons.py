@@ -34,6 +34,10 @@ STREAM_IDLE = "STREAM_IDLE"
 # Rollouts (RolloutService).
 UNKNOWN_AGENT = "UNKNOWN_AGENT"
 UPSTREAM_EPISODE_FAILED = "UPSTREAM_EPISODE_FAILED"
+# Sessions (SessionService).
+SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
+UNKNOWN_TOOL = "UNKNOWN_TOOL"
+TOO_MANY_SESSIONS = "TOO_MANY_SESSIONS"
 
 # Codes whose cause is usually gone a moment later (gRPC's status-code guide).
 RETRYABLE_CODES = frozenset({code_pb2.UNAVAILABLE, code_pb2.RESOURCE_EXHAUSTED})

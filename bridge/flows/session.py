@@ -1,0 +1,381 @@
+"""The session flow (SessionService): NeMo Gym sessions driven call by call by the trainer.
+
+`open` seeds a session on one replica of a resources server (`/seed_session`, legacy or typed
+body) and keeps it in the bridge's table under its id (its `resources_session_id`); `call_tool`
+posts to `/<tool>`, `verify` to `/verify`, each with the session's latest cookies (NeMo Gym
+keeps session state in a signed cookie a reply may set again) on the replica that seeded it;
+`close` takes it out of the table and posts `/close_session` where the replica has it. A
+session leaves the table exactly once: on `close`, when it was idle (no call in progress) past
+its lease, or when the bridge stops (`aclose`); each way closes it upstream.
+
+Each call is one upstream POST on the one upstream call path (`upstream.post`), in one of the
+replica's slots, with its own timeout cut to the RPC deadline; none is retried (a tool call or
+a verify in a session may change its state). Failures are `errors.ItemError`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+from google.rpc import code_pb2
+
+from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.flows import attempts, upstream, verify_checks
+from nemo_gym_grpc.bridge.flows.balancer import Balancer, Replica, SlotTimeout
+from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
+from nemo_gym_grpc.bridge.nemo_gym import capabilities, http, sessions
+from nemo_gym_grpc.bridge.nemo_gym.correlation import episode_id
+from nemo_gym_grpc.bridge.nemo_gym.http import Reply
+from nemo_gym_grpc.bridge.nemo_gym.scores import Scored
+from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, SEED_PATH
+from nemo_gym_grpc.bridge.nemo_gym.verify import VERIFY_PATH, read_verify_reply
+from nemo_gym_grpc.bridge.process.metrics import Metrics
+from nemo_gym_grpc.shared import reasons
+from nemo_gym_grpc.v1 import session_pb2, verify_pb2
+
+log = logging.getLogger(__name__)
+
+# Seconds between two looks for sessions idle past their lease.
+SWEEP_EVERY = 1.0
+
+
+@dataclass(slots=True)
+class Session:
+    """One open session: its resources server `name`, the `replica` that seeded it, its
+    NeMo Gym ids (`opened`), its latest `Cookie` header, whether the replica has
+    `/close_session`, its lease and idle time (seconds; `time.monotonic()`), and the calls in
+    progress (`busy`: no lease runs out under a call)."""
+
+    name: str
+    replica: Replica
+    opened: sessions.Opened
+    cookie: str
+    closes: bool
+    lease: float
+    idle_since: float = field(default_factory=time.monotonic)
+    busy: int = 0
+
+
+class Sessions:
+    """The sessions of one bridge (see the module docstring).
+
+    Args:
+        upstreams: the resources servers' routing table.
+        client: the bridge's upstream HTTP client.
+        balancer: the replicas and their slots (shared with the verify flow).
+        catalog: what each replica supports (shared with the verify flow).
+        metrics: where calls, tool calls and open sessions are counted.
+        default_timeout: seconds of one call whose request sets none (`--verify-timeout`).
+        max_item_bytes: largest request accepted, serialized bytes (`--max-item-mb`).
+        lease: default seconds a session may stay idle (`--session-lease`).
+        max_sessions: most sessions open at once (`--max-sessions`).
+    """
+
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        client: http.Client,
+        *,
+        balancer: Balancer,
+        catalog: capabilities.Catalog,
+        metrics: Metrics,
+        default_timeout: float,
+        max_item_bytes: int,
+        lease: float,
+        max_sessions: int,
+    ) -> None:
+        self.upstreams = upstreams
+        self._client = client
+        self._balancer = balancer
+        self._catalog = catalog
+        self.metrics = metrics
+        self._default_timeout = default_timeout
+        self._max_item_bytes = max_item_bytes
+        self.lease = lease
+        self.max_sessions = max_sessions
+        self._open: dict[str, Session] = {}
+        self._closer = sessions.Closer(client, self._closed)
+        self._sweeper: asyncio.Task[None] | None = None
+        metrics.watch_sessions(lambda: len(self._open))
+
+    async def open(
+        self, request: session_pb2.OpenSessionRequest, deadline: float | None
+    ) -> tuple[str, Session, Reply]:
+        """Seed a session: (its id, the session, the `/seed_session` reply).
+
+        Raises:
+            errors.ItemError: INVALID_ARGUMENT / INVALID_ITEM (no server, a row that is not a
+                JSON object, a negative lease), NOT_FOUND / UNKNOWN_RESOURCES_SERVER,
+                RESOURCE_EXHAUSTED / TOO_MANY_SESSIONS, or the seed's failure with reason
+                UPSTREAM_SESSION_FAILED.
+        """
+        if len(self._open) >= self.max_sessions:
+            raise errors.ItemError(
+                code_pb2.RESOURCE_EXHAUSTED,
+                reasons.TOO_MANY_SESSIONS,
+                f"the bridge holds {len(self._open)} open sessions, its --max-sessions; close "
+                "sessions that are done",
+                limit=str(self.max_sessions),
+            )
+        legacy, lease = _checked_open(request, self._max_item_bytes)
+        name = request.resources_server
+        replica = self._balancer.pick(await self.upstreams.resolve(name))
+        caps = await self._catalog.of(replica.url, _wait(deadline))
+        session_id = sessions.new_session_id()
+        opened = sessions.Opened(session_id, episode_id(request.rollout_id or session_id, 0))
+        body = legacy
+        if _typed(request.seed_kind, caps):
+            task = request.taskset or name
+            body = sessions.typed_seed_body(opened, task, request.task_id, legacy)
+        session = Session(name, replica, opened, "", caps.close_session, lease or self.lease)
+        try:
+            reply = await self._post(session, SEED_PATH, body, request.timeout_seconds, deadline)
+            if reply.status != 200:
+                url = replica.url + SEED_PATH
+                raise errors.http_status_error(
+                    reply.status, url, reply.body, reasons.UPSTREAM_SESSION_FAILED
+                )
+        except errors.ItemError as exc:
+            exc.reason = reasons.UPSTREAM_SESSION_FAILED
+            if session.closes and not isinstance(exc, attempts.NotSent):
+                self._close_upstream(session)  # it may have reached the server
+            raise
+        self._open[session_id] = session
+        self._start_sweeping()
+        return session_id, session, reply
+
+    async def call_tool(
+        self, request: session_pb2.CallToolRequest, deadline: float | None
+    ) -> tuple[bytes, float]:
+        """The tool's reply body and the call's seconds.
+
+        Raises:
+            errors.ItemError: NOT_FOUND / SESSION_NOT_FOUND, INVALID_ARGUMENT / INVALID_ITEM
+                (a bad tool name or arguments; the server's 400 or 422), NOT_FOUND /
+                UNKNOWN_TOOL (the server has no such route), or the upstream failure.
+        """
+        session = self._session(request.session_id)
+        body = _checked_tool(request, self._max_item_bytes)
+        route = "/" + request.tool
+        with _busy(session):
+            reply = await self._post(session, route, body, request.timeout_seconds, deadline)
+        if reply.status in (404, 405):
+            self.metrics.tool_call(session.name, "(unknown)", "UNKNOWN_TOOL")
+            raise errors.ItemError(
+                code_pb2.NOT_FOUND,
+                reasons.UNKNOWN_TOOL,
+                f"{session.replica.url} has no tool {request.tool!r} (HTTP {reply.status})",
+                upstreamUrl=session.replica.url,
+                tool=request.tool,
+            )
+        try:
+            output = upstream.read(reply, session.replica.url + route, _as_is)
+        except errors.ItemError as exc:
+            self.metrics.tool_call(session.name, request.tool, code_pb2.Code.Name(exc.code))
+            raise
+        self.metrics.tool_call(session.name, request.tool, "OK")
+        return output, reply.seconds
+
+    async def verify(
+        self, request: session_pb2.VerifySessionRequest, deadline: float | None
+    ) -> tuple[str, Scored, float]:
+        """(the session's resources server, the score of `request.item` in the session, its
+        `/verify` call's seconds); the session is closed after it when `request.close` is
+        set.
+
+        Raises:
+            errors.ItemError: NOT_FOUND / SESSION_NOT_FOUND, what `verify_checks.check_item`
+                raises, or the `/verify` failure (as for VerifyService).
+        """
+        session = self._session(request.session_id)
+        try:
+            item = verify_pb2.VerifyRequest()
+            item.CopyFrom(request.item)
+            item.resources_server = item.resources_server or session.name
+            item.seed_session = False
+            payload, _ = verify_checks.check_item(
+                item, max_item_bytes=self._max_item_bytes, session_servers=()
+            )
+            with _busy(session):
+                reply = await self._post(
+                    session, VERIFY_PATH, payload, item.timeout_seconds, deadline
+                )
+            url = session.replica.url + VERIFY_PATH
+            scored = upstream.read(reply, url, read_verify_reply, item.include_reply)
+            return session.name, scored, reply.seconds
+        finally:
+            if request.close:
+                self.close(request.session_id)
+
+    def close(self, session_id: str) -> bool:
+        """Take the session out of the table and close it upstream (in the background);
+        False when it was not open."""
+        session = self._open.pop(session_id, None)
+        if session is None:
+            return False
+        self._close_upstream(session)
+        return True
+
+    async def aclose(self) -> None:
+        """Close every open session upstream and wait for those closes (on drain)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for session_id in list(self._open):
+            self.close(session_id)
+        await self._closer.drain()
+
+    def _session(self, session_id: str) -> Session:
+        session = self._open.get(session_id)
+        if session is None:
+            raise errors.ItemError(
+                code_pb2.NOT_FOUND,
+                reasons.SESSION_NOT_FOUND,
+                f"no open session {session_id[:100]!r}: never opened, closed, or idle past "
+                "its lease",
+                sessionId=session_id[:100],
+            )
+        return session
+
+    async def _post(
+        self, session: Session, path: str, body: bytes, timeout: float, deadline: float | None
+    ) -> Reply:
+        """One POST of `body` to `path` on the session's replica, in one of its slots, with
+        the session's cookies; the cookies its reply sets replace theirs by name."""
+        replica = session.replica
+        url = replica.url + path
+        try:
+            async with replica.use(attempts.slot_wait(deadline)) as queued:
+                reply = await upstream.post(
+                    self._client,
+                    replica,
+                    url,
+                    body,
+                    request_id=session.opened.session_id,
+                    item_timeout=timeout,
+                    default_timeout=self._default_timeout,
+                    deadline=deadline,
+                    record=self.metrics.call,
+                    labels=(session.name, path if path in _ROUTES else "/(tool)"),
+                    cookie=session.cookie,
+                    queued=queued,
+                )
+        except SlotTimeout as exc:
+            raise attempts.deadline_passed(
+                f"while waiting {exc.queued:.3f} s for a free slot to {url}", upstreamUrl=url
+            ) from None
+        if reply.set_cookies:
+            fresh = sessions.cookie_header(reply.set_cookies, url)
+            session.cookie = merged_cookies(session.cookie, fresh)
+        return reply
+
+    def _close_upstream(self, session: Session) -> None:
+        if session.closes:
+            url = session.replica.url + CLOSE_PATH
+            opened = session.opened
+            self._closer.later(url, opened, session.cookie, opened.session_id, session.name)
+
+    def _closed(self, name: str, reason: str, seconds: float) -> None:
+        self.metrics.call(name, CLOSE_PATH, seconds)
+        self.metrics.close(name, reason)
+
+    def _start_sweeping(self) -> None:
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Close the sessions idle past their lease, every SWEEP_EVERY seconds, until none is
+        open."""
+        while self._open:
+            await asyncio.sleep(SWEEP_EVERY)
+            now = time.monotonic()
+            for session_id, session in list(self._open.items()):
+                if not session.busy and now - session.idle_since > session.lease:
+                    log.info("session %s idle past its lease of %g s: closed", session_id,
+                             session.lease)  # fmt: skip
+                    self.close(session_id)
+
+
+_ROUTES = frozenset({SEED_PATH, VERIFY_PATH, CLOSE_PATH})
+
+
+class _busy:
+    """A call in progress on `session` (its lease does not run out meanwhile)."""
+
+    __slots__ = ("_session",)
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def __enter__(self) -> None:
+        self._session.busy += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._session.busy -= 1
+        self._session.idle_since = time.monotonic()
+
+
+def merged_cookies(old: str, fresh: str) -> str:
+    """The `Cookie` header `old` ("a=1; b=2") with the cookies of `fresh` replacing theirs
+    by name and new ones added."""
+    jar: dict[str, str] = {}
+    for header in (old, fresh):
+        for part in header.split("; "):
+            name, equals, value = part.partition("=")
+            if equals:
+                jar[name] = value
+    return "; ".join(f"{name}={value}" for name, value in jar.items())
+
+
+def _as_is(body: bytes, url: str) -> bytes:
+    return body
+
+
+def _wait(deadline: float | None) -> float:
+    wait = capabilities.LEARN_TIMEOUT
+    return wait if deadline is None else max(0.0, min(wait, attempts.time_left(deadline)))
+
+
+def _typed(kind: int, caps: capabilities.Capabilities) -> bool:
+    if kind == session_pb2.SEED_KIND_TYPED:
+        return True
+    return kind != session_pb2.SEED_KIND_LEGACY and caps.typed_seed_only
+
+
+def _checked_open(request: session_pb2.OpenSessionRequest, max_bytes: int) -> tuple[bytes, float]:
+    """The legacy `/seed_session` body of `request` (its row, checked as a VerifyRequest's)
+    and its lease (0 = the default)."""
+    if request.lease_seconds < 0 or not math.isfinite(request.lease_seconds):
+        raise errors.invalid_item(f"lease_seconds must be >= 0, got {request.lease_seconds}")
+    item = verify_pb2.VerifyRequest(
+        request_id="session",
+        resources_server=request.resources_server,
+        row_json=request.row_json,
+        timeout_seconds=request.timeout_seconds,
+        seed_session=True,
+    )
+    _, seed = verify_checks.check_item(item, max_item_bytes=max_bytes, session_servers=())
+    assert seed is not None
+    return seed, request.lease_seconds
+
+
+def _checked_tool(request: session_pb2.CallToolRequest, max_bytes: int) -> bytes:
+    """The tool's body: its arguments, a JSON object."""
+    tool = request.tool
+    if not tool or not tool.replace("_", "a").replace("-", "a").isalnum() or not tool.isascii():
+        raise errors.invalid_item(f"tool must be letters, digits, _ and -, got {tool[:100]!r}")
+    if "/" + tool in _ROUTES:
+        raise errors.invalid_item(f"{tool!r} is a session route, not a tool")
+    if request.ByteSize() > max_bytes:
+        raise errors.ItemError(
+            code_pb2.INVALID_ARGUMENT,
+            reasons.ITEM_TOO_LARGE,
+            f"the tool call is {request.ByteSize()} bytes, over --max-item-mb",
+        )
+    if not request.arguments_json:
+        return b"{}"
+    verify_checks.json_object(request.arguments_json, "arguments_json")
+    return request.arguments_json.encode("utf-8")

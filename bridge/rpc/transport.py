@@ -1,0 +1,43 @@
+"""What the bridge's grpc.aio server is made with: its channel options and its TLS
+credentials."""
+
+from __future__ import annotations
+
+import grpc
+
+from nemo_gym_grpc.bridge.process.config import BridgeConfig
+
+
+def grpc_options(config: BridgeConfig) -> list[tuple[str, int]]:
+    """grpc.aio server options: message limits, keepalive, connection age and count, handshake
+    time, no port sharing."""
+    options = [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.so_reuseport", int(config.reuse_port)),
+        # Ping idle clients every 60 s; drop ones silent for 20 s more. Accept client pings
+        # every 10 s or slower.
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.server_handshake_timeout_ms", int(config.handshake_timeout * 1000)),
+        ("grpc.max_allowed_incoming_connections", config.max_connections),
+    ]
+    if config.max_connection_age > 0:
+        options += [
+            ("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(config.grace * 1000)),
+        ]
+    return options
+
+
+def credentials(config: BridgeConfig) -> grpc.ServerCredentials | None:
+    """The TLS credentials of `config` (mTLS when it names a client CA), None without TLS."""
+    if not config.tls_cert or not config.tls_key:
+        return None
+    ca = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )

@@ -1,0 +1,179 @@
+"""SessionService against real NeMo Gym resources servers: a session opened, its tools called,
+verified in, closed (by the caller, and by its lease), over real gRPC and real HTTP.
+
+example_session_state_mgmt keeps a counter per session: `/seed_session` with `initial_count`
+sets it, its tools `/increment_counter` and `/get_counter_value` change and read it, and
+`/verify` rewards 1.0 when the row's `expected_count` equals the counter of the session its
+cookie names. example_single_tool_call has the tool `/get_weather`; on 0.7 it takes typed
+seeds and `/close_session`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from google.rpc import code_pb2, error_details_pb2
+
+from nemo_gym_grpc.v1 import session_pb2, session_pb2_grpc, verify_pb2
+from tests.support import start_bridge
+from tests.support.prometheus_scrape import metrics_url, scrape, value, wait_for
+from tests.test_sessions import is_07
+
+pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
+
+COUNTER = "example_session_state_mgmt"
+WEATHER = "example_single_tool_call"
+PARAMS = {"input": [{"role": "user", "content": "Count, then say the count."}]}
+
+
+@pytest.fixture(scope="module")
+def bridge(nemo_gym) -> Iterator:
+    with start_bridge("--head-url", nemo_gym.head_url, "--metrics-port", "0") as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def stub(bridge) -> Iterator[session_pb2_grpc.SessionServiceStub]:
+    with grpc.insecure_channel(bridge.target) as channel:
+        yield session_pb2_grpc.SessionServiceStub(channel)
+
+
+def reason(status) -> str:
+    """The ErrorInfo reason of a `google.rpc.Status`."""
+    (detail,) = status.details
+    found = error_details_pb2.ErrorInfo()
+    assert detail.Unpack(found)
+    return found.reason
+
+
+def open_counter(stub, initial: int, **fields) -> str:
+    row = {"responses_create_params": PARAMS, "initial_count": initial}
+    opened = stub.OpenSession(
+        session_pb2.OpenSessionRequest(
+            resources_server=COUNTER, row_json=json.dumps(row), **fields
+        ),
+        timeout=30,
+    )
+    assert opened.WhichOneof("outcome") == "session_id", opened.error
+    return opened.session_id
+
+
+def tool(stub, session_id: str, name: str, **arguments) -> session_pb2.CallToolResponse:
+    request = session_pb2.CallToolRequest(
+        session_id=session_id, tool=name, arguments_json=json.dumps(arguments)
+    )
+    return stub.CallTool(request, timeout=30)
+
+
+def verify_count(stub, session_id: str, expected: int, close: bool = False):
+    row = {"responses_create_params": PARAMS, "expected_count": expected}
+    item = verify_pb2.VerifyRequest(
+        request_id=f"count-{expected}", row_json=json.dumps(row), completion=str(expected)
+    )
+    request = session_pb2.VerifySessionRequest(session_id=session_id, item=item, close=close)
+    return stub.VerifySession(request, timeout=30).result
+
+
+def test_tool_calls_change_the_state_that_verify_in_the_same_session_reads(stub):
+    first, second = open_counter(stub, 3), open_counter(stub, 10)
+    for _ in range(2):
+        assert json.loads(tool(stub, first, "increment_counter", count=2).output_json) == {
+            "success": True
+        }
+    assert json.loads(tool(stub, first, "get_counter_value").output_json) == {"count": 7}
+    assert json.loads(tool(stub, second, "get_counter_value").output_json) == {"count": 10}
+    assert verify_count(stub, first, 7).reward == 1.0
+    assert verify_count(stub, second, 7).reward == 0.0  # its own counter: 10
+    closed = stub.CloseSession(session_pb2.CloseSessionRequest(session_id=first), timeout=10)
+    assert closed.closed
+    again = stub.CloseSession(session_pb2.CloseSessionRequest(session_id=first), timeout=10)
+    assert not again.closed  # closing twice is harmless
+    after = tool(stub, first, "get_counter_value")
+    assert (after.error.code, reason(after.error)) == (code_pb2.NOT_FOUND, "SESSION_NOT_FOUND")
+    assert verify_count(stub, second, 10, close=True).reward == 1.0
+    assert not stub.CloseSession(session_pb2.CloseSessionRequest(session_id=second)).closed
+
+
+def test_a_tool_the_server_lacks_and_bad_arguments_are_typed_failures(stub):
+    session_id = open_counter(stub, 0)
+    missing = tool(stub, session_id, "no_such_tool")
+    assert (missing.error.code, reason(missing.error)) == (code_pb2.NOT_FOUND, "UNKNOWN_TOOL")
+    bad = tool(stub, session_id, "increment_counter", count="many")  # the server's 422
+    assert bad.error.code == code_pb2.INVALID_ARGUMENT
+    not_object = stub.CallTool(
+        session_pb2.CallToolRequest(
+            session_id=session_id, tool="get_counter_value", arguments_json="[1]"
+        )
+    )
+    assert (not_object.error.code, reason(not_object.error)) == (
+        code_pb2.INVALID_ARGUMENT,
+        "INVALID_ITEM",
+    )
+    route = tool(stub, session_id, "seed_session")
+    assert reason(route.error) == "INVALID_ITEM"
+    unknown = stub.OpenSession(session_pb2.OpenSessionRequest(resources_server="nope"))
+    assert reason(unknown.error) == "UNKNOWN_RESOURCES_SERVER"
+    assert stub.CloseSession(session_pb2.CloseSessionRequest(session_id=session_id)).closed
+
+
+def test_the_weather_tool_in_a_session_and_a_verify_of_its_call(stub, nemo_gym):
+    kind = session_pb2.SEED_KIND_TYPED if is_07(nemo_gym.version) else 0
+    row = {"responses_create_params": PARAMS}
+    opened = stub.OpenSession(
+        session_pb2.OpenSessionRequest(
+            resources_server=WEATHER, row_json=json.dumps(row), seed_kind=kind
+        ),
+        timeout=30,
+    )
+    assert opened.session_id, opened.error
+    weather = tool(stub, opened.session_id, "get_weather", city="Oslo")
+    assert "Oslo" in json.loads(weather.output_json)["weather_description"]
+    call = {
+        "type": "function_call",
+        "name": "get_weather",
+        "arguments": '{"city": "Oslo"}',
+        "call_id": "c1",
+        "id": "fc1",
+        "status": "completed",
+    }
+    response = {
+        "id": "r1",
+        "object": "response",
+        "created_at": 0,
+        "model": "scripted",
+        "output": [call],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+    }
+    item = verify_pb2.VerifyRequest(
+        request_id="weather", row_json=json.dumps(row), response_json=json.dumps(response)
+    )
+    result = stub.VerifySession(
+        session_pb2.VerifySessionRequest(session_id=opened.session_id, item=item, close=True),
+        timeout=30,
+    ).result
+    assert result.reward == 1.0, result.error
+
+
+def test_a_session_idle_past_its_lease_is_closed_upstream_once(stub, bridge, nemo_gym):
+    url = metrics_url(bridge)
+    closes = value(scrape(url), "nemo_gym_grpc_session_closes_total", resources_server=WEATHER)
+    row = json.dumps({"responses_create_params": PARAMS})
+    opened = stub.OpenSession(
+        session_pb2.OpenSessionRequest(resources_server=WEATHER, row_json=row, lease_seconds=0.5),
+        timeout=30,
+    )
+    assert opened.lease_seconds == 0.5
+    assert tool(stub, opened.session_id, "get_weather", city="Rome").output_json
+    idle = wait_for(url, lambda s: value(s, "nemo_gym_grpc_open_sessions") == 0)
+    assert value(idle, "nemo_gym_grpc_open_sessions") == 0  # no call touched it meanwhile
+    after = tool(stub, opened.session_id, "get_weather", city="Rome")
+    assert reason(after.error) == "SESSION_NOT_FOUND"
+    if is_07(nemo_gym.version):  # 0.4 has no /close_session: the bridge forgets the cookie
+        samples = scrape(url)
+        done = value(samples, "nemo_gym_grpc_session_closes_total", resources_server=WEATHER)
+        assert done == closes + 1
