@@ -10,6 +10,7 @@ seeds and `/close_session`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -17,6 +18,7 @@ import grpc
 import pytest
 from google.rpc import code_pb2, error_details_pb2
 
+from nemo_gym_grpc.rewards.client.sessions import AsyncSessionClient, SessionClient, SessionError
 from nemo_gym_grpc.v1 import session_pb2, session_pb2_grpc, verify_pb2
 from tests.support import start_bridge
 from tests.support.prometheus_scrape import metrics_url, scrape, value, wait_for
@@ -177,3 +179,39 @@ def test_a_session_idle_past_its_lease_is_closed_upstream_once(stub, bridge, nem
         samples = scrape(url)
         done = value(samples, "nemo_gym_grpc_session_closes_total", resources_server=WEATHER)
         assert done == closes + 1
+
+
+def counter_row(**fields) -> dict:
+    return {"responses_create_params": PARAMS, **fields}
+
+
+def test_the_python_session_client_drives_a_session_and_closes_it(bridge):
+    with SessionClient(bridge.target) as client:
+        with client.open(COUNTER, counter_row(initial_count=1)) as session:
+            assert session.call_tool("increment_counter", {"count": 4}) == {"success": True}
+            result = session.verify(completion="5", row=counter_row(expected_count=5))
+            assert result.reward == 1.0
+        assert not session.close()  # the block closed it
+        with pytest.raises(SessionError) as gone:
+            session.call_tool("get_counter_value")
+        assert gone.value.failure.reason == "SESSION_NOT_FOUND"
+        with pytest.raises(SessionError) as unknown:
+            client.open("no_such_server")
+        assert unknown.value.failure.reason == "UNKNOWN_RESOURCES_SERVER"
+
+
+async def test_the_async_session_client_runs_sessions_side_by_side(bridge):
+    async with AsyncSessionClient(bridge.target) as client:
+        sessions = [await client.open(COUNTER, counter_row(initial_count=n)) for n in range(8)]
+        await asyncio.gather(*(s.call_tool("increment_counter", {"count": 10}) for s in sessions))
+        counts = await asyncio.gather(*(s.call_tool("get_counter_value") for s in sessions))
+        assert [c["count"] for c in counts] == [n + 10 for n in range(8)]
+        rows = [counter_row(expected_count=n + 10) for n in range(8)]
+        results = await asyncio.gather(
+            *(
+                s.verify(completion="x", row=r, close=True)
+                for s, r in zip(sessions, rows, strict=True)
+            )
+        )
+        assert [r.reward for r in results] == [1.0] * 8
+        assert not any(await asyncio.gather(*(s.close() for s in sessions)))

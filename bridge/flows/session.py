@@ -141,8 +141,11 @@ class Sessions:
                 )
         except errors.ItemError as exc:
             exc.reason = reasons.UPSTREAM_SESSION_FAILED
-            if session.closes and not isinstance(exc, attempts.NotSent):
+            if not isinstance(exc, attempts.NotSent):
                 self._close_upstream(session)  # it may have reached the server
+            raise
+        except asyncio.CancelledError:  # the caller left: a seed that may have landed is closed
+            self._close_upstream(session)
             raise
         self._open[session_id] = session
         self._start_sweeping()

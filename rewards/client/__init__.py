@@ -13,6 +13,7 @@
 - `policy`: what failed items give (`on_error`, `max_failure_fraction`, `ScoringError`).
 - `convert`: reward-function arguments -> `VerifyRequest`s, and the `Batch` of one call.
 - `rollouts`: NeMo Gym rows -> `RunRequest`s, and `run_rollouts` / `arun_rollouts`.
+- `sessions`: NeMo Gym sessions (`SessionService`): `SessionClient`, `AsyncSessionClient`.
 
 Importing this package sets gRPC's fork support first (`per_process`), before any of these
 modules imports grpc.
