@@ -115,6 +115,11 @@ CASES: dict[str, tuple[Callable[[], list[Fault]], list[str], Callable[[str], Cou
         [],
         lambda target: outcomes(target, [item(f"i{n}") for n in range(4)]),
     ),
+    "replies_64x48mb_at_once": (
+        lambda: [Fault("status", body=scoring_reply(48 * MiB))],
+        [],
+        lambda target: outcomes(target, [item(f"i{n}") for n in range(64)]),
+    ),
     "items_300x2mb_slow_upstream": (
         lambda: [Fault("status", body=scoring_reply(200), seconds=3.0)],
         [],

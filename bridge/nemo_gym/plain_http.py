@@ -208,6 +208,7 @@ class _Connection(asyncio.Protocol):
         if waiter is None or waiter.done():
             return
         body = b"".join(self._body)
+        self._body = []  # an idle pooled connection must not keep its last reply's pieces
         if self._encoding:
             try:
                 body = decode_body(body, self._encoding, self._max_body)
@@ -222,6 +223,7 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, exc: Exception) -> None:
         self.reusable = False
+        self._body = []
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(exc)
         self.abort()
