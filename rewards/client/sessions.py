@@ -137,6 +137,15 @@ def verified(reply: session_pb2.VerifySessionResponse) -> verify_pb2.VerifyRespo
     return reply.result
 
 
+def _open_channel(kind: Any, target: str, security: Security) -> Any:
+    """A channel of `kind` (the `grpc` or `grpc.aio` module) to `target` with _OPTIONS and
+    `security`'s credentials."""
+    credentials = security.credentials()
+    if credentials is None:
+        return kind.insecure_channel(target, options=_OPTIONS)
+    return kind.secure_channel(target, credentials, options=_OPTIONS)
+
+
 def _security(target: str | None, security: Security | None) -> tuple[str, Security]:
     found = target or settings.target()
     if not found:
@@ -218,11 +227,7 @@ class SessionClient:
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         target, self._security = _security(target, security)
-        credentials = self._security.credentials()
-        if credentials is None:
-            self.channel = grpc.insecure_channel(target, options=_OPTIONS)
-        else:
-            self.channel = grpc.secure_channel(target, credentials, options=_OPTIONS)
+        self.channel: grpc.Channel = _open_channel(grpc, target, self._security)
         self.stub = session_pb2_grpc.SessionServiceStub(self.channel)
         self.timeout = timeout
 
@@ -318,11 +323,7 @@ class AsyncSessionClient:
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         target, self._security = _security(target, security)
-        credentials = self._security.credentials()
-        if credentials is None:
-            self.channel = grpc.aio.insecure_channel(target, options=_OPTIONS)
-        else:
-            self.channel = grpc.aio.secure_channel(target, credentials, options=_OPTIONS)
+        self.channel: grpc.aio.Channel = _open_channel(grpc.aio, target, self._security)
         self.stub = session_pb2_grpc.SessionServiceStub(self.channel)
         self.timeout = timeout
 
