@@ -135,13 +135,22 @@ async def until(condition, seconds: float = 5.0) -> None:
 
 def test_what_an_openapi_document_shows():
     assert capabilities.read_openapi(openapi(TYPED, "/close_session")) == capabilities.Capabilities(
-        typed_seed_only=True, close_session=True, learned=True
+        typed_seed_only=True, close_session=True, learned=True, typed_seed=True
     )
     both = capabilities.read_openapi(openapi({"anyOf": [TYPED, LEGACY]}, "/close_session"))
     assert not both.typed_seed_only and not both.custom_seed and both.close_session
     custom = capabilities.read_openapi(openapi(CUSTOM))
     assert custom.custom_seed and not custom.typed_seed_only and not custom.close_session
     assert capabilities.read_openapi({"paths": 7}) == capabilities.Capabilities(learned=True)
+    doc = openapi(LEGACY)
+    doc["paths"] |= {
+        "/get_weather": {"post": {}},
+        "/aggregate_metrics": {"post": {}},
+        "/status": {"get": {}},
+        "/ng-rollout/{rollout_id}/get_weather": {"post": {}},
+    }
+    tools = capabilities.read_openapi(doc)
+    assert tools.tools == ("get_weather",) and not tools.typed_seed
 
 
 def test_the_rollout_prefix_is_the_episode_capture_key_and_only_for_valid_ids():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -19,7 +20,7 @@ import pytest
 from google.rpc import code_pb2, error_details_pb2
 
 from nemo_gym_grpc.rewards.client.sessions import AsyncSessionClient, SessionClient, SessionError
-from nemo_gym_grpc.v1 import session_pb2, session_pb2_grpc, verify_pb2
+from nemo_gym_grpc.v1 import session_pb2, session_pb2_grpc, verify_pb2, verify_pb2_grpc
 from tests.support import start_bridge
 from tests.support.prometheus_scrape import metrics_url, scrape, value, wait_for
 from tests.test_sessions import is_07
@@ -215,3 +216,24 @@ async def test_the_async_session_client_runs_sessions_side_by_side(bridge):
         )
         assert [r.reward for r in results] == [1.0] * 8
         assert not any(await asyncio.gather(*(s.close() for s in sessions)))
+
+
+def test_the_listing_says_each_servers_tools_and_session_support(bridge, nemo_gym):
+    """A cold 0.7 server takes seconds to build its first `/openapi.json`: a listing that
+    waited 2 s for it says `capabilities_known` false, and the learning goes on for the next."""
+    deadline = time.monotonic() + 60
+    with grpc.insecure_channel(bridge.target) as channel:
+        stub = verify_pb2_grpc.VerifyServiceStub(channel)
+        while True:
+            listed = stub.ListResourcesServers(verify_pb2.ListResourcesServersRequest(), timeout=30)
+            by_name = {s.name: s for s in listed.resources_servers}
+            if all(s.capabilities_known for s in by_name.values()):
+                break
+            assert time.monotonic() < deadline, by_name
+            time.sleep(0.5)
+    assert list(by_name[COUNTER].tools) == ["get_counter_value", "increment_counter"]
+    assert list(by_name[WEATHER].tools) == ["get_weather"]
+    assert list(by_name["mcqa"].tools) == []
+    new = is_07(nemo_gym.version)
+    assert (by_name[WEATHER].typed_sessions, by_name[WEATHER].close_session) == (new, new)
+    assert by_name["mcqa"].reverify_mode == ("stateless" if new else "")

@@ -15,6 +15,7 @@ means `LEGACY` (the 0.4 behaviour), never an item error; a transport failure is 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -42,6 +43,10 @@ ASK_TIMEOUT = 15.0
 RELEARN_AFTER = 30.0
 
 TYPED_SEED = "ResourcesSeedSessionRequest"
+# The routes every NeMo Gym resources server has (not tools).
+NEMO_GYM_ROUTES = frozenset(
+    {"/verify", SEED_PATH, CLOSE_PATH, REVERIFY_PATH, "/aggregate_metrics", "/mcp", "/"}
+)
 DEFAULT_SEEDS = frozenset({"BaseSeedSessionRequest", TYPED_SEED})
 
 
@@ -58,6 +63,9 @@ class Capabilities:
         reverify_mode: its `GET /reverify_mode` answer ("stateless", "unsupported",
             "unknown"), or "" when it has no such route (0.4) or it was not learned.
         learned: True when these come from the server's answers, False for `LEGACY`.
+        typed_seed: `/seed_session` takes the typed `ResourcesSeedSessionRequest`.
+        tools: its `POST /<name>` routes that are not NeMo Gym's own (`NEMO_GYM_ROUTES`),
+            sorted: the tools a session can call.
     """
 
     typed_seed_only: bool = False
@@ -66,6 +74,8 @@ class Capabilities:
     correlation: bool = False
     reverify_mode: str = ""
     learned: bool = False
+    typed_seed: bool = False
+    tools: tuple[str, ...] = ()
 
 
 LEGACY = Capabilities()
@@ -78,11 +88,19 @@ def read_openapi(doc: Mapping[str, Any]) -> Capabilities:
     paths = doc.get("paths")
     paths = paths if isinstance(paths, Mapping) else {}
     seeds = set(_refs(_dig(paths, SEED_PATH, "post", "requestBody", "content")))
+    tools = sorted(
+        str(path)[1:]
+        for path, methods in paths.items()
+        if isinstance(path, str) and path.count("/") == 1 and path not in NEMO_GYM_ROUTES
+        and isinstance(methods, Mapping) and "post" in methods
+    )  # fmt: skip
     return Capabilities(
         typed_seed_only=seeds == {TYPED_SEED},
         custom_seed=bool(seeds - DEFAULT_SEEDS),
         close_session=CLOSE_PATH in paths,
         learned=True,
+        typed_seed=TYPED_SEED in seeds,
+        tools=tuple(tools),
     )
 
 
@@ -155,14 +173,7 @@ class Catalog:
         if not correlation:
             status, mode = await self._get(url + REVERIFY_PATH)
         mode = mode if status == 200 and isinstance(mode, str) else ""
-        return Capabilities(
-            typed_seed_only=caps.typed_seed_only,
-            custom_seed=caps.custom_seed,
-            close_session=caps.close_session,
-            correlation=correlation,
-            reverify_mode=mode,
-            learned=True,
-        )
+        return dataclasses.replace(caps, correlation=correlation, reverify_mode=mode)
 
     async def _get(self, url: str) -> tuple[int, Any]:
         """(HTTP status, the JSON body or None). Raises aiohttp.ClientError."""

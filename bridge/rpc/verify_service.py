@@ -4,6 +4,7 @@ ListResourcesServers, over the verify flow (`verifier.Verifier`) and the family 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import grpc
 
 from nemo_gym_grpc.bridge.flows.verify import Verifier
+from nemo_gym_grpc.bridge.nemo_gym.capabilities import LEARN_TIMEOUT, LEGACY, Capabilities
 from nemo_gym_grpc.bridge.rpc import kinds, streams
 from nemo_gym_grpc.bridge.rpc.handlers import add_service
 from nemo_gym_grpc.bridge.rpc.listing import rediscover
@@ -64,12 +66,30 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
         upstreams = self._verifier.upstreams
         if request.refresh:
             await rediscover(upstreams, context)
+        entries = upstreams.entries()
+        catalog = self._verifier.capabilities
+        learned = await asyncio.gather(
+            *(catalog.of(u.urls[0], LEARN_TIMEOUT) if u.urls else _legacy() for u in entries)
+        )
         return verify_pb2.ListResourcesServersResponse(
             resources_servers=[
-                verify_pb2.ResourcesServer(name=u.name, upstream_urls=u.urls, source=u.source)
-                for u in upstreams.entries()
+                verify_pb2.ResourcesServer(
+                    name=u.name,
+                    upstream_urls=u.urls,
+                    source=u.source,
+                    capabilities_known=caps.learned,
+                    tools=caps.tools,
+                    typed_sessions=caps.typed_seed,
+                    close_session=caps.close_session,
+                    reverify_mode=caps.reverify_mode,
+                )
+                for u, caps in zip(entries, learned, strict=True)
             ]
         )
+
+
+async def _legacy() -> Capabilities:
+    return LEGACY
 
 
 def add_verify_service(service: VerifyService, server: grpc.aio.Server) -> None:

@@ -393,16 +393,41 @@ class ResourcesServer(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     UPSTREAM_URLS_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_KNOWN_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    TYPED_SESSIONS_FIELD_NUMBER: _builtins.int
+    CLOSE_SESSION_FIELD_NUMBER: _builtins.int
+    REVERIFY_MODE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The routing key (VerifyRequest.resources_server)."""
     source: _builtins.str
     """Where the entry came from: "static" (`--server`) or "head_server"
     (the head server's /global_config_dict_yaml).
     """
+    capabilities_known: _builtins.bool
+    """What the server supports, as the bridge learned it from its first
+    replica (`GET /openapi.json`, and `/reverify_mode` where it has one);
+    false when that replica did not answer within 2 s (the fields below are
+    then empty).
+    """
+    typed_sessions: _builtins.bool
+    """Its `/seed_session` takes 0.7's typed `ResourcesSeedSessionRequest`."""
+    close_session: _builtins.bool
+    """It has `/close_session` (NeMo Gym 0.7)."""
+    reverify_mode: _builtins.str
+    """Its `GET /reverify_mode` answer ("stateless": scoring again is safe;
+    "unsupported", "unknown"), empty when it has no such route.
+    """
     @_builtins.property
     def upstream_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Base URLs the bridge calls, e.g. "http://127.0.0.1:18001" (it posts to
         `<url>/verify`).
+        """
+
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Its `POST /<name>` routes that are not NeMo Gym's own (`/verify`,
+        `/seed_session`, ...), sorted: the tools SessionService.CallTool calls.
         """
 
     def __init__(
@@ -411,10 +436,15 @@ class ResourcesServer(_message.Message):
         name: _builtins.str = ...,
         upstream_urls: _abc.Iterable[_builtins.str] | None = ...,
         source: _builtins.str = ...,
+        capabilities_known: _builtins.bool = ...,
+        tools: _abc.Iterable[_builtins.str] | None = ...,
+        typed_sessions: _builtins.bool = ...,
+        close_session: _builtins.bool = ...,
+        reverify_mode: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "source", b"source", "upstream_urls", b"upstream_urls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities_known", b"capabilities_known", "close_session", b"close_session", "name", b"name", "reverify_mode", b"reverify_mode", "source", b"source", "tools", b"tools", "typed_sessions", b"typed_sessions", "upstream_urls", b"upstream_urls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
