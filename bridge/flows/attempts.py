@@ -65,6 +65,16 @@ class NotSent(errors.ItemError):
     """A failure before anything was sent upstream (the RPC deadline passed first)."""
 
 
+def slot_timeout(url: str, queued: float) -> NotSent:
+    """The RPC deadline (less its margin) passed after `queued` seconds waiting for a free
+    upstream slot, before anything was sent to `url` (`deadline_passed`)."""
+    return deadline_passed(
+        f"while waiting {queued:.3f} s for a free slot to {url}",
+        upstreamUrl=url,
+        queuedSeconds=f"{queued:.3f}",
+    )
+
+
 def deadline_passed(situation: str, **metadata: object) -> NotSent:
     """DEADLINE_EXCEEDED / UPSTREAM_TIMEOUT, not retryable: the RPC deadline (less its margin)
     passed `situation` (e.g. "before the rollout could be sent to URL"), before anything was

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.flows import attempts, upstream, verify_checks
+from nemo_gym_grpc.bridge.flows import attempts, checks, upstream, verify_checks
 from nemo_gym_grpc.bridge.flows.balancer import Balancer, Replica, SlotTimeout
 from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.bridge.nemo_gym import capabilities, http, sessions
@@ -267,9 +267,7 @@ class Sessions:
                     queued=queued,
                 )
         except SlotTimeout as exc:
-            raise attempts.deadline_passed(
-                f"while waiting {exc.queued:.3f} s for a free slot to {url}", upstreamUrl=url
-            ) from None
+            raise attempts.slot_timeout(url, exc.queued) from None
         if reply.set_cookies:
             fresh = sessions.cookie_header(reply.set_cookies, url)
             session.cookie = merged_cookies(session.cookie, fresh)
@@ -372,12 +370,7 @@ def _checked_tool(request: session_pb2.CallToolRequest, max_bytes: int) -> bytes
         raise errors.invalid_item(f"tool must be letters, digits, _ and -, got {tool[:100]!r}")
     if "/" + tool in _ROUTES:
         raise errors.invalid_item(f"{tool!r} is a session route, not a tool")
-    if request.ByteSize() > max_bytes:
-        raise errors.ItemError(
-            code_pb2.INVALID_ARGUMENT,
-            reasons.ITEM_TOO_LARGE,
-            f"the tool call is {request.ByteSize()} bytes, over --max-item-mb",
-        )
+    checks.check_size(request, max_bytes)
     if not request.arguments_json:
         return b"{}"
     verify_checks.json_object(request.arguments_json, "arguments_json")

@@ -191,7 +191,7 @@ class Verifier:
                     if opened is not None and caps.close_session:
                         self._close(base, opened, cookie, call)
         except SlotTimeout as exc:
-            raise _slot_timeout(url, exc.queued) from None
+            raise attempts.slot_timeout(url, exc.queued) from None
         try:
             scored = upstream.read(reply, url, read_verify_reply, call.include_reply)
         except errors.ItemError as exc:
@@ -323,16 +323,6 @@ def scored_response(request_id: str, scored: Scored, seconds: float) -> verify_p
     if scored.failure_reason:
         result.failure_reason = scored.failure_reason
     return result
-
-
-def _slot_timeout(url: str, queued: float) -> attempts.NotSent:
-    """The RPC deadline (less its margin) passed after `queued` seconds waiting for a free
-    upstream slot, before anything was sent to `url` (`attempts.deadline_passed`)."""
-    return attempts.deadline_passed(
-        f"while waiting {queued:.3f} s for a free slot to {url}",
-        upstreamUrl=url,
-        queuedSeconds=f"{queued:.3f}",
-    )
 
 
 def _no_reverify(exc: errors.ItemError, caps: capabilities.Capabilities, sent: bool) -> None:

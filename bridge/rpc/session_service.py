@@ -49,10 +49,7 @@ class SessionService(session_pb2_grpc.SessionServiceServicer):
                 request, self._sessions.open, call_deadline(context)
             )
         except Exception as exc:
-            error = errors.as_item_error(exc, "OpenSession")
-            failed = session_pb2.OpenSessionResponse(latency_seconds=error.latency_seconds)
-            failed.error.CopyFrom(error.to_status())
-            return failed
+            return _failed(session_pb2.OpenSessionResponse, exc, "OpenSession")
         return session_pb2.OpenSessionResponse(
             session_id=session_id,
             seed_reply_json=reply.body.decode("utf-8", "replace"),
@@ -68,10 +65,7 @@ class SessionService(session_pb2_grpc.SessionServiceServicer):
                 request, self._sessions.call_tool, call_deadline(context)
             )
         except Exception as exc:
-            error = errors.as_item_error(exc, "CallTool")
-            failed = session_pb2.CallToolResponse(latency_seconds=error.latency_seconds)
-            failed.error.CopyFrom(error.to_status())
-            return failed
+            return _failed(session_pb2.CallToolResponse, exc, "CallTool")
         text = output.decode("utf-8", "replace")
         return session_pb2.CallToolResponse(output_json=text, latency_seconds=seconds)
 
@@ -108,6 +102,15 @@ class SessionService(session_pb2_grpc.SessionServiceServicer):
             return await call(request, deadline)
         finally:
             self._budget.give(held)
+
+
+def _failed(response: Callable[..., R], exc: Exception, call: str) -> R:
+    """`response` with `error` and `latency_seconds` of what `call` raised
+    (`errors.as_item_error`: a bridge bug is logged and answered INTERNAL)."""
+    error = errors.as_item_error(exc, call)
+    failed = response(latency_seconds=error.latency_seconds)
+    failed.error.CopyFrom(error.to_status())  # type: ignore[attr-defined]
+    return failed
 
 
 def add_session_service(service: SessionService, server: grpc.aio.Server) -> None:

@@ -155,8 +155,8 @@ def _security(target: str | None, security: Security | None) -> tuple[str, Secur
     return settings.check_target(found, "target"), security or settings.security()
 
 
-class Session:
-    """One open session (from `SessionClient.open`); a context manager that closes it.
+class _Opened:
+    """What `Session` and `AsyncSession` know of one open session.
 
     Attributes:
         id: its id (its `resources_session_id` upstream).
@@ -165,13 +165,18 @@ class Session:
         lease_seconds: how long it may stay idle before the bridge closes it.
     """
 
-    def __init__(
-        self, client: SessionClient, reply: session_pb2.OpenSessionResponse, server: str
-    ) -> None:
+    def __init__(self, client: Any, reply: session_pb2.OpenSessionResponse, server: str) -> None:
         self._client = client
         self.id, self.seed_reply = opened(reply)
         self.resources_server = server
         self.lease_seconds = reply.lease_seconds
+
+
+class Session(_Opened):
+    """One open session (from `SessionClient.open`; attributes: `_Opened`); a context manager
+    that closes it."""
+
+    _client: SessionClient
 
     def call_tool(
         self, tool: str, arguments: Mapping[str, Any] | None = None, timeout: float | None = None
@@ -272,17 +277,11 @@ class SessionClient:
         self.close()
 
 
-class AsyncSession:
+class AsyncSession(_Opened):
     """`Session` for `AsyncSessionClient`: the same attributes, its calls coroutines; an async
     context manager that closes it."""
 
-    def __init__(
-        self, client: AsyncSessionClient, reply: session_pb2.OpenSessionResponse, server: str
-    ) -> None:
-        self._client = client
-        self.id, self.seed_reply = opened(reply)
-        self.resources_server = server
-        self.lease_seconds = reply.lease_seconds
+    _client: AsyncSessionClient
 
     async def call_tool(
         self, tool: str, arguments: Mapping[str, Any] | None = None, timeout: float | None = None
