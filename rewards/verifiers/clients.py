@@ -1,0 +1,50 @@
+"""The bridge session clients of a verifiers process (the env server's and its tool server's):
+one `AsyncSessionClient` per bridge target and event loop, shared by every rollout on it (one
+channel, its calls multiplexed over HTTP/2), and the session calls by session id that the
+taskset and the toolset make (state crosses their process boundary as JSON: the id, not a
+`Session` object)."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Any
+
+from nemo_gym_grpc.rewards.client.sessions import (
+    AsyncSessionClient,
+    tool_output,
+    tool_request,
+    verified,
+    verify_request,
+)
+from nemo_gym_grpc.v1 import session_pb2, verify_pb2
+
+__all__ = ["call_tool", "session_client", "verify", "verify_request"]
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncSessionClient]]
+_clients = weakref.WeakKeyDictionary()
+
+
+def session_client(target: str) -> AsyncSessionClient:
+    """The running loop's client of the bridge at `target` (made on first use)."""
+    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
+    if target not in per_loop:
+        per_loop[target] = AsyncSessionClient(target)
+    return per_loop[target]
+
+
+async def verify(
+    target: str, request: session_pb2.VerifySessionRequest, timeout: float
+) -> verify_pb2.VerifyResponse:
+    """VerifySession; the scored result. Raises SessionError (a masked sample among them)."""
+    client = session_client(target)
+    return verified(await client.call(client.stub.VerifySession, request, timeout))
+
+
+async def call_tool(
+    target: str, session_id: str, tool: str, arguments: dict[str, Any], timeout: float
+) -> Any:
+    """CallTool; the tool's JSON reply. Raises SessionError (unknown tool, session lost, ...)."""
+    client = session_client(target)
+    request = tool_request(session_id, tool, arguments)
+    return tool_output(await client.call(client.stub.CallTool, request, timeout))
