@@ -1,18 +1,21 @@
 """The verifiers 0.4 taskset (nemo_gym_grpc.rewards.verifiers, id `nemo-gym-grpc-verifiers`) as
-prime-rl's orchestrator runs it: real verifiers 0.4.0's env server (`EnvServer`, ZMQ) and its
-client (`EnvClient`) on loopback, episodes of NeMo Gym's own example rows through a real bridge
-to real NeMo Gym 0.7 resources servers of the agent stack (tests/support/agents.py):
-example_single_tool_call (a session with a tool) and math_with_judge (whose judge answers 503:
-a masked sample). The harness and the policy model are scripted (tests/support/vf_harness.py
-says why)."""
+prime-rl's orchestrator runs it: real verifiers 0.4.0's env server (`serve_env`, in a process of
+its own, as prime-rl runs one per source) and its client (`EnvClient`, ZMQ on loopback),
+episodes of NeMo Gym's own example rows through a real bridge to real NeMo Gym 0.7 resources
+servers of the agent stack (tests/support/agents.py): example_single_tool_call (a session with
+a tool; behind a FaultProxy, which counts the session calls and injects faults) and
+math_with_judge (whose judge answers 503: a masked sample). The harness and the policy model
+are scripted (tests/support/vf_harness.py says why)."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import multiprocessing
 import os
-import threading
-from collections.abc import Iterator
+import signal
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,121 +30,150 @@ except ImportError as exc:  # as tests/test_trl.py: a failure in CI, a skip in a
     pytest.skip(message, allow_module_level=True)
 
 from verifiers.v1.configs.client import EvalClientConfig
-from verifiers.v1.serve import EnvClient, EnvServer
+from verifiers.v1.serve import EnvClient, env_config_data
 from verifiers.v1.types import SamplingConfig
-from verifiers.v1.utils.loaders import resolve_env_config
+from verifiers.v1.utils.loaders import load_taskset, resolve_env_config
 
 from tests.support import start_bridge, vf_harness
 from tests.support.agents import MASKED_RESOURCES, WEATHER_RESOURCES
-from tests.support.policy_model import ScriptedPolicy
+from tests.support.fault_proxy import Fault, FaultProxy
+from tests.support.policy_model import Knobs, ScriptedPolicy
 from tests.support.prometheus_scrape import metrics_url, value, wait_for
 from tests.support.venv import resources_server_dir
 
 pytestmark = pytest.mark.nemo_gym_07  # the masked judge failure is 0.7's judge_failsafe
 
 TASKSET_ID = "nemo-gym-grpc-verifiers"
+SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture(scope="module")
-def bridge(agent_stack) -> Iterator:
-    with start_bridge("--head-url", agent_stack.head_url, "--metrics-port", "0") as started:
+def proxy(agent_stack) -> Iterator[FaultProxy]:
+    with FaultProxy(agent_stack.resources_urls[WEATHER_RESOURCES]) as started:
         yield started
 
 
+def bridge_args(agent_stack, proxy: FaultProxy, *more: str) -> tuple[str, ...]:
+    """The bridge's arguments: the agent stack's servers, the weather one through `proxy`."""
+    weather = f"{WEATHER_RESOURCES}={proxy.url}"
+    return ("--head-url", agent_stack.head_url, "--server", weather, *more)
+
+
+@pytest.fixture(scope="module")
+def bridge(agent_stack, proxy) -> Iterator:
+    with start_bridge(*bridge_args(agent_stack, proxy, "--metrics-port", "0")) as started:
+        yield started
+
+
+@pytest.fixture
+def policy(agent_stack) -> Iterator[ScriptedPolicy]:
+    """The agent stack's scripted policy, its knobs restored after the test."""
+    yield agent_stack.policy
+    agent_stack.policy.reset()
+
+
 class Served:
-    """A verifiers EnvServer for one taskset config, on its own event loop in a thread."""
+    """A verifiers env server process for `server`'s example rows through the bridge at
+    `target`; `data` holds the tasks as the orchestrator ships them (dumped TaskData)."""
 
-    def __init__(self, taskset: dict[str, Any]) -> None:
-        config = resolve_env_config(
-            {
-                "taskset": taskset,
-                "agent": {
-                    "harness": {"id": vf_harness.install()},
-                    "runtime": {"type": "subprocess"},
-                },
-            }
-        )
-        self.loop = asyncio.new_event_loop()
-        self.server = self.loop.run_until_complete(self._make(config))
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.task = asyncio.run_coroutine_threadsafe(self.server.run(), self.loop)
+    def __init__(self, target: str, venv: Path, server: str) -> None:
+        rows = resources_server_dir(server, venv) / "data" / "example.jsonl"
+        taskset = {
+            "id": TASKSET_ID,
+            "dataset": str(rows),
+            "task": {"bridge": target, "resources_server": server},
+        }
+        agent = {"harness": {"id": vf_harness.install()}, "runtime": {"type": "subprocess"}}
+        config = resolve_env_config({"taskset": taskset, "agent": agent})
+        self.data = [t.data.model_dump(mode="json") for t in load_taskset(config.taskset).load()]
+        queue = SPAWN.Queue()
+        self.process = SPAWN.Process(target=vf_harness.serve, args=(env_config_data(config), queue))
+        self.process.start()
+        self.address = queue.get(timeout=120)
 
-    @staticmethod
-    async def _make(config: Any) -> EnvServer:
-        return EnvServer(config, address="tcp://127.0.0.1:0")
+    def kill(self) -> None:
+        """SIGKILL, by PID (a trainer's env server that dies)."""
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.join(timeout=30)
 
     def stop(self) -> None:
-        self.task.cancel()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=30)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.kill()
 
 
-def episodes(served: Served, policy: ScriptedPolicy, rows: list[dict]) -> list[Any]:
-    """One episode per task data dict, run through an EnvClient at the same time."""
+@pytest.fixture
+def serve(nemo_gym_venv: Path) -> Iterator[Callable[[str, str], Served]]:
+    """serve(bridge target, resources server) -> a Served env server, stopped after the test."""
+    started: list[Served] = []
 
-    async def run() -> list[Any]:
-        client = EnvClient(served.server.address)
-        try:
-            await client.wait_for_server_startup()
-            model = EvalClientConfig(base_url=policy.base_url, api_key_var="NO_KEY_NEEDED")
-            runs = [client.run(model, "scripted", SamplingConfig(), row) for row in rows]
-            return await asyncio.gather(*runs)
-        finally:
-            await client.close()
+    def start(target: str, server: str) -> Served:
+        started.append(Served(target, nemo_gym_venv, server))
+        return started[-1]
 
-    return asyncio.run(run())
-
-
-def task_data(served: Served) -> list[dict]:
-    """The taskset's tasks as the orchestrator ships them (dumped TaskData)."""
-    return [t.data.model_dump(mode="json") for t in served.server.env.taskset.load()]
-
-
-def served_rows(bridge, venv: Path, server: str, count: int) -> tuple[Served, list[dict]]:
-    """A Served taskset of `server`'s example rows through `bridge`, and its first `count`
-    tasks' data."""
-    rows = resources_server_dir(server, venv) / "data" / "example.jsonl"
-    taskset = {
-        "id": TASKSET_ID,
-        "dataset": str(rows),
-        "task": {"bridge": bridge.target, "resources_server": server},
-    }
-    served = Served(taskset)
-    return served, task_data(served)[:count]
-
-
-def test_episodes_with_a_tool_call_their_session_and_are_scored_in_it(
-    bridge, agent_stack, nemo_gym_venv: Path
-):
-    served, data = served_rows(bridge, nemo_gym_venv, WEATHER_RESOURCES, 4)
-    try:
-        results = episodes(served, agent_stack.policy, data)
-    finally:
+    yield start
+    for served in started:
         served.stop()
-    for episode in results:
+
+
+async def run_episodes(address: str, policy: ScriptedPolicy, data: list[dict]) -> list[Any]:
+    """One episode per task data dict, all at once through one EnvClient; the traces."""
+    client = EnvClient(address)
+    try:
+        await client.wait_for_server_startup()
+        model = EvalClientConfig(base_url=policy.base_url, api_key_var="NO_KEY_NEEDED")
+        runs = [client.run(model, "scripted", SamplingConfig(), row) for row in data]
+        episodes = await asyncio.gather(*runs)
+    finally:
+        await client.close()
+    traces = []
+    for episode in episodes:
         (trace,) = episode.traces
+        traces.append(trace)
+    return traces
+
+
+def session_posts(proxy: FaultProxy, path: str) -> int:
+    """POSTs to `path` the weather server got through the proxy."""
+    return sum(n for (posted, _), n in proxy.posts.items() if posted == path)
+
+
+def posts_reach(proxy: FaultProxy, path: str, count: int, timeout: float = 60.0) -> int:
+    """Wait (at most `timeout` s) until `session_posts(proxy, path)` reaches `count`; returns
+    it then (or when the time is up)."""
+    deadline = time.monotonic() + timeout
+    while session_posts(proxy, path) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return session_posts(proxy, path)
+
+
+def no_open_sessions(bridge) -> None:
+    """Wait until the bridge has no session open (its gauge), and assert it."""
+    samples = wait_for(metrics_url(bridge), lambda s: value(s, "nemo_gym_grpc_open_sessions") == 0)
+    assert value(samples, "nemo_gym_grpc_open_sessions") == 0
+
+
+def test_episodes_call_their_tool_in_their_session_and_are_scored_in_it(
+    bridge, proxy, policy, serve
+):
+    served = serve(bridge.target, WEATHER_RESOURCES)
+    seeds, closes = session_posts(proxy, "/seed_session"), session_posts(proxy, "/close_session")
+    traces = asyncio.run(run_episodes(served.address, policy, served.data[:4]))
+    for trace in traces:
         assert trace.ok and not trace.errors, trace.errors
         assert trace.reward == 1.0
         assert [m.role for m in trace.messages].count("tool") == 1
-    # every tool call went through the bridge into its session, and every session was closed
-    url = metrics_url(bridge)
-    samples = wait_for(url, lambda s: value(s, "nemo_gym_grpc_open_sessions") == 0)
-    assert value(samples, "nemo_gym_grpc_open_sessions") == 0
-    calls = value(samples, "nemo_gym_grpc_tool_calls_total", tool="get_weather", code="OK")
-    assert calls == len(data)
+    no_open_sessions(bridge)
+    assert session_posts(proxy, "/seed_session") - seeds == 4
+    assert session_posts(proxy, "/get_weather") >= 4
+    assert session_posts(proxy, "/close_session") - closes == 4
 
 
-def test_a_masked_sample_is_an_errored_trace_never_a_reward(
-    bridge, agent_stack, nemo_gym_venv: Path
-):
-    served, data = served_rows(bridge, nemo_gym_venv, MASKED_RESOURCES, 2)
-    try:
-        results = episodes(served, agent_stack.policy, data)
-    finally:
-        served.stop()
-    for episode in results:
-        (trace,) = episode.traces
+def test_a_masked_sample_is_an_errored_trace_never_a_reward(bridge, policy, serve):
+    served = serve(bridge.target, MASKED_RESOURCES)
+    for trace in asyncio.run(run_episodes(served.address, policy, served.data[:2])):
         # errored (prime-rl leaves it out of training), with NeMo Gym's failure in its info
         assert not trace.ok
         assert [e.type for e in trace.errors] == ["TaskError"]
@@ -149,6 +181,57 @@ def test_a_masked_sample_is_an_errored_trace_never_a_reward(
         assert trace.rewards["nemo_gym"] is None
         failure = trace.info["nemo_gym"]
         assert failure["failureKind"] == "judge_failed" and failure["step"] == "verify"
-    url = metrics_url(bridge)
-    samples = wait_for(url, lambda s: value(s, "nemo_gym_grpc_open_sessions") == 0)
-    assert value(samples, "nemo_gym_grpc_open_sessions") == 0
+    no_open_sessions(bridge)
+
+
+def test_a_tool_call_the_server_fails_errors_its_trace(bridge, proxy, policy, serve):
+    served = serve(bridge.target, WEATHER_RESOURCES)
+    proxy.set_faults(Fault("status", match=b'"city": "sf"', status=500, times=2))
+    try:
+        traces = asyncio.run(run_episodes(served.address, policy, served.data[:4]))
+    finally:
+        proxy.set_faults()
+    failed = [t for t in traces if not t.ok]
+    assert len(failed) == 2
+    for trace in failed:
+        assert trace.info["nemo_gym"]["step"] == "tool"
+        assert trace.rewards["nemo_gym"] is None
+    assert [t.reward for t in traces if t.ok] == [1.0, 1.0]
+    no_open_sessions(bridge)
+
+
+def test_sessions_of_a_killed_env_server_are_closed_upstream(agent_stack, proxy, policy, serve):
+    args = bridge_args(agent_stack, proxy, "--metrics-port", "0", "--session-lease", "2")
+    with start_bridge(*args) as bridge:
+        served = serve(bridge.target, WEATHER_RESOURCES)
+        seeds = session_posts(proxy, "/seed_session")
+        closes = session_posts(proxy, "/close_session")
+        policy.knobs = Knobs(delay=60.0)  # every episode waits on the model when it is killed
+
+        async def killed_mid_episode() -> None:
+            episodes = asyncio.ensure_future(run_episodes(served.address, policy, served.data[:4]))
+            await asyncio.to_thread(posts_reach, proxy, "/seed_session", seeds + 4)
+            served.kill()
+            episodes.cancel()
+
+        asyncio.run(killed_mid_episode())
+        no_open_sessions(bridge)
+        assert posts_reach(proxy, "/close_session", closes + 4, timeout=10) == closes + 4
+
+
+def test_a_bridge_killed_mid_episode_errors_every_trace(agent_stack, proxy, policy, serve):
+    with start_bridge(*bridge_args(agent_stack, proxy)) as bridge:
+        served = serve(bridge.target, WEATHER_RESOURCES)
+        seeds = session_posts(proxy, "/seed_session")
+        policy.knobs = Knobs(delay=3.0)
+
+        async def bridge_killed() -> list[Any]:
+            episodes = asyncio.ensure_future(run_episodes(served.address, policy, served.data[:4]))
+            await asyncio.to_thread(posts_reach, proxy, "/seed_session", seeds + 4)
+            os.kill(bridge.pid, signal.SIGKILL)
+            return await episodes
+
+        traces = asyncio.run(bridge_killed())
+    for trace in traces:
+        assert not trace.ok and trace.errors
+        assert trace.rewards["nemo_gym"] is None

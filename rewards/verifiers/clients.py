@@ -19,7 +19,7 @@ from nemo_gym_grpc.rewards.client.sessions import (
 )
 from nemo_gym_grpc.v1 import session_pb2, verify_pb2
 
-__all__ = ["call_tool", "session_client", "verify", "verify_request"]
+__all__ = ["call_tool", "close", "session_client", "verify", "verify_request"]
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncSessionClient]]
 _clients = weakref.WeakKeyDictionary()
@@ -48,3 +48,12 @@ async def call_tool(
     client = session_client(target)
     request = tool_request(session_id, tool, arguments)
     return tool_output(await client.call(client.stub.CallTool, request, timeout))
+
+
+async def close(target: str, session_id: str) -> bool:
+    """CloseSession; False when the bridge no longer had it (already closed or expired).
+    Raises SessionError when the bridge cannot be reached."""
+    client = session_client(target)
+    request = session_pb2.CloseSessionRequest(session_id=session_id)
+    reply = await client.call(client.stub.CloseSession, request, None)
+    return bool(reply.closed)

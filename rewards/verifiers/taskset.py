@@ -16,6 +16,7 @@ answers become Responses objects with its `trace_to_nemo_response`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -73,6 +74,9 @@ class BridgeState(State):
     step_timeout: float = 60.0
     direct_tools: dict[str, dict[str, Any]] = Field(default_factory=dict)
     tool_names: list[str] = Field(default_factory=list)
+    tool_failures: list[dict[str, str]] = Field(default_factory=list)
+    """Tool calls that failed for reasons not the model's (toolset.py): {tool, failure,
+    message} each."""
 
 
 class BridgeTask(Task[NeMoGymData, BridgeState, BridgeTaskConfig]):
@@ -100,8 +104,15 @@ class BridgeTask(Task[NeMoGymData, BridgeState, BridgeTaskConfig]):
     @reward(weight=1.0)
     async def nemo_gym(self, trace: Trace) -> float | Mapping[str, float]:
         """The session's `/verify` reward; its `reward_components` as named rewards when it
-        has them (they sum to the reward). Raises TaskError for a failed or masked verify."""
+        has them (they sum to the reward). Raises TaskError for a failed or masked verify, and
+        (closing the session unverified) when a tool call failed for reasons not the model's."""
         state = trace.state
+        if state.tool_failures:
+            with contextlib.suppress(SessionError):  # the bridge's lease closes it otherwise
+                await clients.close(state.bridge, state.session_id)
+            trace.info["nemo_gym"] = {"step": "tool", **state.tool_failures[0]}
+            failed = state.tool_failures[0]
+            raise TaskError(f"NeMo Gym tool {failed['tool']} failed: {failed['failure']}")
         params = self.data.row["responses_create_params"]
         response = trace_to_nemo_response(trace, params, state.tool_names)
         request = clients.verify_request(

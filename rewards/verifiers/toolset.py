@@ -16,6 +16,8 @@ from nemo_gym_grpc.rewards.client.sessions import SessionError
 from nemo_gym_grpc.rewards.verifiers import clients
 from nemo_gym_grpc.rewards.verifiers.taskset import BridgeState
 
+UNKNOWN_TOOL = "UNKNOWN_TOOL"  # the bridge's reason for a tool the server does not have
+
 
 class BridgeToolset(Toolset[SharedToolsetConfig, BridgeState]):
     """The rollout's tools (`BridgeState.direct_tools`), called in its session."""
@@ -42,15 +44,22 @@ class BridgeToolset(Toolset[SharedToolsetConfig, BridgeState]):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context | None = None
     ) -> CallToolResult:
-        """The tool's JSON reply as text; a failed call (unknown tool, session lost, upstream
-        error) is an MCP error result carrying the bridge's failure, for the model to see."""
+        """The tool's JSON reply as text. A failed call is an MCP error result carrying the
+        bridge's failure, for the model to see; one that is not the model's doing (anything
+        but an unknown tool or arguments the server refused) is also recorded in the state's
+        `tool_failures`, which makes the trace errored (taskset.py)."""
         state = self.state
         try:
             output = await clients.call_tool(
                 state.bridge, state.session_id, name, arguments, state.step_timeout
             )
         except SessionError as exc:
-            text = f"{exc.failure.cause}: {exc.failure.message}"
+            failure = exc.failure
+            if failure.reason != UNKNOWN_TOOL and failure.code != "INVALID_ARGUMENT":
+                state.tool_failures.append(
+                    {"tool": name, "failure": failure.cause, "message": failure.message}
+                )
+            text = f"{failure.cause}: {failure.message}"
             return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         return CallToolResult(content=[TextContent(type="text", text=json.dumps(output))])
 

@@ -99,6 +99,22 @@ async def _call(mcp_urls: dict[str, str], name: str, arguments: str) -> str:
     return f"no such tool: {name}"
 
 
+def serve(config_data: dict[str, Any], address_queue: Any) -> None:
+    """A process's verifiers env server (`verifiers.v1.serve.serve_env`, one EnvServer, as
+    prime-rl runs one per source) for the env config `config_data` (`env_config_data`), its
+    address put on `address_queue`; this harness installed first. For
+    `multiprocessing.get_context("spawn").Process(target=serve, ...)`."""
+    from verifiers.v1.serve import serve_env
+
+    install()
+    serve_env(
+        max_workers=1,
+        config_data=config_data,
+        address="tcp://127.0.0.1:0",
+        address_queue=address_queue,
+    )
+
+
 def install() -> str:
     """Make this module importable as harness id HARNESS_ID; returns the id."""
     sys.modules.setdefault(HARNESS_ID, sys.modules[__name__])
