@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import multiprocessing
 import os
 import signal
 import time
@@ -29,22 +28,17 @@ except ImportError as exc:  # as tests/test_trl.py: a failure in CI, a skip in a
         pytest.fail(message, pytrace=False)
     pytest.skip(message, allow_module_level=True)
 
-from verifiers.v1.configs.client import EvalClientConfig
-from verifiers.v1.serve import EnvClient, env_config_data
-from verifiers.v1.types import SamplingConfig
-from verifiers.v1.utils.loaders import load_taskset, resolve_env_config
-
-from tests.support import start_bridge, vf_harness
+from tests.support import start_bridge
 from tests.support.agents import MASKED_RESOURCES, WEATHER_RESOURCES
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.policy_model import Knobs, ScriptedPolicy
 from tests.support.prometheus_scrape import metrics_url, value, wait_for
 from tests.support.venv import resources_server_dir
+from tests.support.vf_env import Served, run_episodes
 
 pytestmark = pytest.mark.nemo_gym_07  # the masked judge failure is 0.7's judge_failsafe
 
 TASKSET_ID = "nemo-gym-grpc-verifiers"
-SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture(scope="module")
@@ -72,67 +66,21 @@ def policy(agent_stack) -> Iterator[ScriptedPolicy]:
     agent_stack.policy.reset()
 
 
-class Served:
-    """A verifiers env server process for `server`'s example rows through the bridge at
-    `target`; `data` holds the tasks as the orchestrator ships them (dumped TaskData)."""
-
-    def __init__(self, target: str, venv: Path, server: str) -> None:
-        rows = resources_server_dir(server, venv) / "data" / "example.jsonl"
-        taskset = {
-            "id": TASKSET_ID,
-            "dataset": str(rows),
-            "task": {"bridge": target, "resources_server": server},
-        }
-        agent = {"harness": {"id": vf_harness.install()}, "runtime": {"type": "subprocess"}}
-        config = resolve_env_config({"taskset": taskset, "agent": agent})
-        self.data = [t.data.model_dump(mode="json") for t in load_taskset(config.taskset).load()]
-        queue = SPAWN.Queue()
-        self.process = SPAWN.Process(target=vf_harness.serve, args=(env_config_data(config), queue))
-        self.process.start()
-        self.address = queue.get(timeout=120)
-
-    def kill(self) -> None:
-        """SIGKILL, by PID (a trainer's env server that dies)."""
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.join(timeout=30)
-
-    def stop(self) -> None:
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(timeout=30)
-        if self.process.is_alive():
-            self.kill()
-
-
 @pytest.fixture
 def serve(nemo_gym_venv: Path) -> Iterator[Callable[[str, str], Served]]:
-    """serve(bridge target, resources server) -> a Served env server, stopped after the test."""
+    """serve(bridge target, resources server) -> a Served env server of our taskset over
+    `server`'s example rows, stopped after the test."""
     started: list[Served] = []
 
     def start(target: str, server: str) -> Served:
-        started.append(Served(target, nemo_gym_venv, server))
+        rows = resources_server_dir(server, nemo_gym_venv) / "data" / "example.jsonl"
+        task = {"bridge": target, "resources_server": server}
+        started.append(Served({"id": TASKSET_ID, "dataset": str(rows), "task": task}))
         return started[-1]
 
     yield start
     for served in started:
         served.stop()
-
-
-async def run_episodes(address: str, policy: ScriptedPolicy, data: list[dict]) -> list[Any]:
-    """One episode per task data dict, all at once through one EnvClient; the traces."""
-    client = EnvClient(address)
-    try:
-        await client.wait_for_server_startup()
-        model = EvalClientConfig(base_url=policy.base_url, api_key_var="NO_KEY_NEEDED")
-        runs = [client.run(model, "scripted", SamplingConfig(), row) for row in data]
-        episodes = await asyncio.gather(*runs)
-    finally:
-        await client.close()
-    traces = []
-    for episode in episodes:
-        (trace,) = episode.traces
-        traces.append(trace)
-    return traces
 
 
 def session_posts(proxy: FaultProxy, path: str) -> int:
@@ -160,7 +108,7 @@ def test_episodes_call_their_tool_in_their_session_and_are_scored_in_it(
 ):
     served = serve(bridge.target, WEATHER_RESOURCES)
     seeds, closes = session_posts(proxy, "/seed_session"), session_posts(proxy, "/close_session")
-    traces = asyncio.run(run_episodes(served.address, policy, served.data[:4]))
+    traces = asyncio.run(run_episodes(served.address, policy.base_url, served.data[:4]))
     for trace in traces:
         assert trace.ok and not trace.errors, trace.errors
         assert trace.reward == 1.0
@@ -173,7 +121,7 @@ def test_episodes_call_their_tool_in_their_session_and_are_scored_in_it(
 
 def test_a_masked_sample_is_an_errored_trace_never_a_reward(bridge, policy, serve):
     served = serve(bridge.target, MASKED_RESOURCES)
-    for trace in asyncio.run(run_episodes(served.address, policy, served.data[:2])):
+    for trace in asyncio.run(run_episodes(served.address, policy.base_url, served.data[:2])):
         # errored (prime-rl leaves it out of training), with NeMo Gym's failure in its info
         assert not trace.ok
         assert [e.type for e in trace.errors] == ["TaskError"]
@@ -188,7 +136,7 @@ def test_a_tool_call_the_server_fails_errors_its_trace(bridge, proxy, policy, se
     served = serve(bridge.target, WEATHER_RESOURCES)
     proxy.set_faults(Fault("status", match=b'"city": "sf"', status=500, times=2))
     try:
-        traces = asyncio.run(run_episodes(served.address, policy, served.data[:4]))
+        traces = asyncio.run(run_episodes(served.address, policy.base_url, served.data[:4]))
     finally:
         proxy.set_faults()
     failed = [t for t in traces if not t.ok]
@@ -209,7 +157,9 @@ def test_sessions_of_a_killed_env_server_are_closed_upstream(agent_stack, proxy,
         policy.knobs = Knobs(delay=60.0)  # every episode waits on the model when it is killed
 
         async def killed_mid_episode() -> None:
-            episodes = asyncio.ensure_future(run_episodes(served.address, policy, served.data[:4]))
+            episodes = asyncio.ensure_future(
+                run_episodes(served.address, policy.base_url, served.data[:4])
+            )
             await asyncio.to_thread(posts_reach, proxy, "/seed_session", seeds + 4)
             served.kill()
             episodes.cancel()
@@ -226,7 +176,9 @@ def test_a_bridge_killed_mid_episode_errors_every_trace(agent_stack, proxy, poli
         policy.knobs = Knobs(delay=3.0)
 
         async def bridge_killed() -> list[Any]:
-            episodes = asyncio.ensure_future(run_episodes(served.address, policy, served.data[:4]))
+            episodes = asyncio.ensure_future(
+                run_episodes(served.address, policy.base_url, served.data[:4])
+            )
             await asyncio.to_thread(posts_reach, proxy, "/seed_session", seeds + 4)
             os.kill(bridge.pid, signal.SIGKILL)
             return await episodes

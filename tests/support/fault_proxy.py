@@ -7,8 +7,9 @@
 
 With `upstream=None` it is a scripted upstream: requests no fault matches get HTTP 502.
 
-A fault applies to requests whose body contains `match` (None = every request), to the first
-`times` of them (None = all). The first fault that applies wins; others pass through. Actions:
+A fault applies to requests whose body contains `match` (None = every request) and whose path
+ends with `path` (None = any), to the first `times` of them (None = all). The first fault that
+applies wins; others pass through. Actions:
 
     pass           forward to the upstream unchanged
     status         answer `status` with `body` (nothing forwarded)
@@ -54,6 +55,7 @@ class Fault:
     Attributes:
         action: what to do with a matching request.
         match: bytes (or str, UTF-8 encoded) the request body must contain; None = any.
+        path: what the request's path must end with (e.g. "/verify"); None = any.
         times: apply to this many matching requests, then stop applying; None = always.
         status: HTTP status for `status` / `reply`.
         body: reply body for `status` / `reply`.
@@ -75,9 +77,12 @@ class Fault:
     pace: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
     hits: int = 0
+    path: str | None = None
 
-    def applies(self, body: bytes) -> bool:
+    def applies(self, body: bytes, path: str = "") -> bool:
         if self.times is not None and self.hits >= self.times:
+            return False
+        if self.path is not None and not path.endswith(self.path):
             return False
         needle = self.match.encode() if isinstance(self.match, str) else self.match
         return needle is None or needle in body
@@ -228,7 +233,7 @@ class FaultProxy:
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
-            fault = next((f for f in self.faults if f.applies(body)), None)
+            fault = next((f for f in self.faults if f.applies(body, request.path)), None)
             if fault is not None:
                 fault.hits += 1
             return await self._act(fault, request, body)

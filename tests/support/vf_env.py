@@ -1,0 +1,70 @@
+"""verifiers 0.4 env servers for tests and benchmarks: `Served` (an env server process for a
+taskset config, as prime-rl runs one per source) and `run_episodes` (its client's side).
+
+    served = Served({"id": "nemo-gym-grpc-verifiers", "dataset": ..., "task": {...}})
+    traces = asyncio.run(run_episodes(served.address, policy.base_url, served.data[:4]))
+    served.stop()       # or served.kill(): SIGKILL by PID
+
+The harness is tests/support/vf_harness.py's scripted chat loop; the model any
+OpenAI-compatible base URL (the scripted policy's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+from typing import Any
+
+from verifiers.v1.configs.client import EvalClientConfig
+from verifiers.v1.serve import EnvClient, env_config_data
+from verifiers.v1.types import SamplingConfig
+from verifiers.v1.utils.loaders import load_taskset, resolve_env_config
+
+from tests.support import vf_harness
+
+SPAWN = multiprocessing.get_context("spawn")
+STARTUP_TIMEOUT = 120.0  # seconds for the env server process to report its address
+
+
+class Served:
+    """A verifiers env server process (`vf_harness.serve`) for the taskset config `taskset`
+    (`{"id": ..., ...}` as in prime-rl's `[...env.taskset]`); `data` holds its tasks as the
+    orchestrator ships them (dumped TaskData), `address` its ZMQ address."""
+
+    def __init__(self, taskset: dict[str, Any]) -> None:
+        agent = {"harness": {"id": vf_harness.install()}, "runtime": {"type": "subprocess"}}
+        config = resolve_env_config({"taskset": taskset, "agent": agent})
+        self.data = [t.data.model_dump(mode="json") for t in load_taskset(config.taskset).load()]
+        queue = SPAWN.Queue()
+        self.process = SPAWN.Process(target=vf_harness.serve, args=(env_config_data(config), queue))
+        self.process.start()
+        self.address: str = queue.get(timeout=STARTUP_TIMEOUT)
+
+    def kill(self) -> None:
+        """SIGKILL, by PID (a trainer's env server that dies)."""
+        if self.process.pid is not None and self.process.is_alive():
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.join(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM (verifiers' graceful teardown), then SIGKILL if it is still alive."""
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=30)
+        self.kill()
+
+
+async def run_episodes(address: str, model_url: str, data: list[dict]) -> list[Any]:
+    """One episode per task data dict, all at once through one EnvClient (model `model_url`);
+    the episodes' traces (one each), in order."""
+    client = EnvClient(address)
+    try:
+        await client.wait_for_server_startup()
+        model = EvalClientConfig(base_url=model_url, api_key_var="NO_KEY_NEEDED")
+        runs = [client.run(model, "scripted", SamplingConfig(), row) for row in data]
+        episodes = await asyncio.gather(*runs)
+    finally:
+        await client.close()
+    return [trace for episode in episodes for trace in episode.traces]
