@@ -150,7 +150,13 @@ def test_what_an_openapi_document_shows():
         "/ng-rollout/{rollout_id}/get_weather": {"post": {}},
     }
     tools = capabilities.read_openapi(doc)
-    assert tools.tools == ("get_weather",) and not tools.typed_seed
+    assert tools.tools == ("get_weather",) and not tools.typed_seed and not tools.step_wise
+    # a gymnasium-style server (0.7's GymnasiumServer: blackjack, wordle, ...)
+    gym = {"paths": {p: {"post": {}} for p in ("/reset", "/step", "/aggregate_metrics")}}
+    step_wise = capabilities.read_openapi(gym)
+    assert step_wise.step_wise and step_wise.tools == () and not step_wise.close_session
+    gym["paths"]["/verify"] = {"post": {}}
+    assert not capabilities.read_openapi(gym).step_wise
 
 
 def test_the_rollout_prefix_is_the_episode_capture_key_and_only_for_valid_ids():

@@ -22,7 +22,8 @@ from google.rpc import code_pb2
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.flows import session as session_flow
 from nemo_gym_grpc.bridge.flows.balancer import Balancer
-from nemo_gym_grpc.bridge.flows.session import Sessions, merged_cookies
+from nemo_gym_grpc.bridge.flows.session import Sessions
+from nemo_gym_grpc.bridge.flows.session_checks import merged_cookies
 from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.bridge.nemo_gym import capabilities, http
 from nemo_gym_grpc.bridge.process.metrics import Metrics
@@ -134,6 +135,16 @@ async def test_the_table_is_bounded_and_closing_makes_room(flow):
     )
     assert sessions.close(first)
     await sessions.open(request, None)
+
+
+async def test_opens_in_flight_count_toward_the_bound(flow):
+    sessions, _ = flow
+    request = session_pb2.OpenSessionRequest(resources_server="s")
+    opens = [sessions.open(request, None) for _ in range(5)]  # all waiting on their seed at once
+    outcomes = await asyncio.gather(*opens, return_exceptions=True)
+    refused = [o for o in outcomes if isinstance(o, errors.ItemError)]
+    assert len(refused) == 3 and {e.reason for e in refused} == {"TOO_MANY_SESSIONS"}
+    assert len(outcomes) - len(refused) == 2
 
 
 def test_cookies_merge_by_name():

@@ -1,9 +1,10 @@
 """The session flow (SessionService): NeMo Gym sessions driven call by call by the trainer.
 
 `open` seeds a session on one replica of a resources server (`/seed_session`, legacy or typed
-body) and keeps it in the bridge's table under its id (its `resources_session_id`); `call_tool`
-posts to `/<tool>`, `verify` to `/verify`, each with the session's latest cookies (NeMo Gym
-keeps session state in a signed cookie a reply may set again) on the replica that seeded it;
+body; `/reset` with the row on a step-wise server) and keeps it in the bridge's table under its
+id (its `resources_session_id`); `call_tool` posts to `/<tool>`, `verify` to `/verify`, `step`
+to a step-wise server's `/step`, each with the session's latest cookies (NeMo Gym keeps session
+state in a signed cookie a reply may set again) on the replica that seeded it;
 `close` takes it out of the table and posts `/close_session` where the replica has it. A
 session leaves the table exactly once: on `close`, when it was idle (no call in progress) past
 its lease, or when the bridge stops (`aclose`); each way closes it upstream.
@@ -17,25 +18,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.flows import attempts, checks, upstream, verify_checks
+from nemo_gym_grpc.bridge.flows import attempts, upstream, verify_checks
 from nemo_gym_grpc.bridge.flows.balancer import Balancer, Replica, SlotTimeout
+from nemo_gym_grpc.bridge.flows.session_checks import (
+    ROUTES,
+    as_is,
+    checked_item,
+    checked_open,
+    checked_tool,
+    learn_wait,
+    merged_cookies,
+    typed,
+)
 from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.bridge.nemo_gym import capabilities, http, sessions
 from nemo_gym_grpc.bridge.nemo_gym.correlation import episode_id
 from nemo_gym_grpc.bridge.nemo_gym.http import Reply
 from nemo_gym_grpc.bridge.nemo_gym.scores import Scored
-from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, SEED_PATH
+from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, RESET_PATH, SEED_PATH, STEP_PATH
+from nemo_gym_grpc.bridge.nemo_gym.steps import read_step_reply
 from nemo_gym_grpc.bridge.nemo_gym.verify import VERIFY_PATH, read_verify_reply
 from nemo_gym_grpc.bridge.process.metrics import Metrics
 from nemo_gym_grpc.shared import reasons
-from nemo_gym_grpc.v1 import session_pb2, verify_pb2
+from nemo_gym_grpc.v1 import session_pb2
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +58,8 @@ SWEEP_EVERY = 1.0
 class Session:
     """One open session: its resources server `name`, the `replica` that seeded it, its
     NeMo Gym ids (`opened`), its latest `Cookie` header, whether the replica has
-    `/close_session`, its lease and idle time (seconds; `time.monotonic()`), and the calls in
-    progress (`busy`: no lease runs out under a call)."""
+    `/close_session`, its lease and idle time (seconds; `time.monotonic()`), the calls in
+    progress (`busy`: no lease runs out under a call), and whether it is step-wise."""
 
     name: str
     replica: Replica
@@ -58,6 +69,7 @@ class Session:
     lease: float
     idle_since: float = field(default_factory=time.monotonic)
     busy: int = 0
+    step_wise: bool = False
 
 
 class Sessions:
@@ -98,6 +110,7 @@ class Sessions:
         self.lease = lease
         self.max_sessions = max_sessions
         self._open: dict[str, Session] = {}
+        self._opening = 0  # opens in flight (they count toward max_sessions)
         self._closer = sessions.Closer(client, self._closed)
         self._sweeper: asyncio.Task[None] | None = None
         metrics.watch_sessions(lambda: len(self._open))
@@ -105,7 +118,7 @@ class Sessions:
     async def open(
         self, request: session_pb2.OpenSessionRequest, deadline: float | None
     ) -> tuple[str, Session, Reply]:
-        """Seed a session: (its id, the session, the `/seed_session` reply).
+        """Seed a session: (its id, the session, the `/seed_session` or `/reset` reply).
 
         Raises:
             errors.ItemError: INVALID_ARGUMENT / INVALID_ITEM (no server, a row that is not a
@@ -113,29 +126,42 @@ class Sessions:
                 RESOURCE_EXHAUSTED / TOO_MANY_SESSIONS, or the seed's failure with reason
                 UPSTREAM_SESSION_FAILED.
         """
-        if len(self._open) >= self.max_sessions:
+        if len(self._open) + self._opening >= self.max_sessions:
             raise errors.ItemError(
                 code_pb2.RESOURCE_EXHAUSTED,
                 reasons.TOO_MANY_SESSIONS,
-                f"the bridge holds {len(self._open)} open sessions, its --max-sessions; close "
-                "sessions that are done",
+                f"the bridge holds {len(self._open)} open sessions and opens {self._opening}, "
+                "its --max-sessions; close sessions that are done",
                 limit=str(self.max_sessions),
             )
-        legacy, lease = _checked_open(request, self._max_item_bytes)
+        self._opening += 1  # an open in flight counts toward the limit
+        try:
+            return await self._seeded(request, deadline)
+        finally:
+            self._opening -= 1
+
+    async def _seeded(
+        self, request: session_pb2.OpenSessionRequest, deadline: float | None
+    ) -> tuple[str, Session, Reply]:
+        """`open` past the limit check: the session seeded and in the table."""
+        legacy, lease = checked_open(request, self._max_item_bytes)
         name = request.resources_server
         replica = self._balancer.pick(await self.upstreams.resolve(name))
-        caps = await self._catalog.of(replica.url, _wait(deadline))
+        caps = await self._catalog.of(replica.url, learn_wait(deadline))
         session_id = sessions.new_session_id()
         opened = sessions.Opened(session_id, episode_id(request.rollout_id or session_id, 0))
-        body = legacy
-        if _typed(request.seed_kind, caps):
+        body, path = legacy, RESET_PATH if caps.step_wise else SEED_PATH
+        if not caps.step_wise and typed(request.seed_kind, caps):
             task = request.taskset or name
             body = sessions.typed_seed_body(opened, task, request.task_id, legacy)
-        session = Session(name, replica, opened, "", caps.close_session, lease or self.lease)
+        lease = lease or self.lease
+        session = Session(
+            name, replica, opened, "", caps.close_session, lease, step_wise=caps.step_wise
+        )
         try:
-            reply = await self._post(session, SEED_PATH, body, request.timeout_seconds, deadline)
+            reply = await self._post(session, path, body, request.timeout_seconds, deadline)
             if reply.status != 200:
-                url = replica.url + SEED_PATH
+                url = replica.url + path
                 raise errors.http_status_error(
                     reply.status, url, reply.body, reasons.UPSTREAM_SESSION_FAILED
                 )
@@ -162,7 +188,7 @@ class Sessions:
                 UNKNOWN_TOOL (the server has no such route), or the upstream failure.
         """
         session = self._session(request.session_id)
-        body = _checked_tool(request, self._max_item_bytes)
+        body = checked_tool(request, self._max_item_bytes)
         route = "/" + request.tool
         with _busy(session):
             reply = await self._post(session, route, body, request.timeout_seconds, deadline)
@@ -176,7 +202,7 @@ class Sessions:
                 tool=request.tool,
             )
         try:
-            output = upstream.read(reply, session.replica.url + route, _as_is)
+            output = upstream.read(reply, session.replica.url + route, as_is)
         except errors.ItemError as exc:
             self.metrics.tool_call(session.name, request.tool, code_pb2.Code.Name(exc.code))
             raise
@@ -196,10 +222,8 @@ class Sessions:
         """
         session = self._session(request.session_id)
         try:
-            item = verify_pb2.VerifyRequest()
-            item.CopyFrom(request.item)
-            item.resources_server = item.resources_server or session.name
-            item.seed_session = False
+            _kind(session, step_wise=False)
+            item = checked_item(request.item, session.name)
             payload, _ = verify_checks.check_item(
                 item, max_item_bytes=self._max_item_bytes, session_servers=()
             )
@@ -213,6 +237,28 @@ class Sessions:
         finally:
             if request.close:
                 self.close(request.session_id)
+
+    async def step(
+        self, request: session_pb2.StepRequest, deadline: float | None
+    ) -> tuple[session_pb2.StepResult, float]:
+        """(what the environment answered to `request.item`'s action, the `/step` call's
+        seconds) in a step-wise session.
+
+        Raises:
+            errors.ItemError: NOT_FOUND / SESSION_NOT_FOUND, FAILED_PRECONDITION /
+                NOT_STEP_WISE, what `verify_checks.check_item` raises, or the `/step` failure
+                (as for a `/verify`; `steps.read_step_reply`).
+        """
+        session = self._session(request.session_id)
+        _kind(session, step_wise=True)
+        item = checked_item(request.item, session.name)
+        payload, _ = verify_checks.check_item(
+            item, max_item_bytes=self._max_item_bytes, session_servers=()
+        )
+        with _busy(session):
+            reply = await self._post(session, STEP_PATH, payload, item.timeout_seconds, deadline)
+        result = upstream.read(reply, session.replica.url + STEP_PATH, read_step_reply)
+        return result, reply.seconds
 
     def close(self, session_id: str) -> bool:
         """Take the session out of the table and close it upstream (in the background);
@@ -262,7 +308,7 @@ class Sessions:
                     default_timeout=self._default_timeout,
                     deadline=deadline,
                     record=self.metrics.call,
-                    labels=(session.name, path if path in _ROUTES else "/(tool)"),
+                    labels=(session.name, path if path in ROUTES else "/(tool)"),
                     cookie=session.cookie,
                     queued=queued,
                 )
@@ -300,9 +346,6 @@ class Sessions:
                     self.close(session_id)
 
 
-_ROUTES = frozenset({SEED_PATH, VERIFY_PATH, CLOSE_PATH})
-
-
 class _busy:
     """A call in progress on `session` (its lease does not run out meanwhile)."""
 
@@ -319,59 +362,14 @@ class _busy:
         self._session.idle_since = time.monotonic()
 
 
-def merged_cookies(old: str, fresh: str) -> str:
-    """The `Cookie` header `old` ("a=1; b=2") with the cookies of `fresh` replacing theirs
-    by name and new ones added."""
-    jar: dict[str, str] = {}
-    for header in (old, fresh):
-        for part in header.split("; "):
-            name, equals, value = part.partition("=")
-            if equals:
-                jar[name] = value
-    return "; ".join(f"{name}={value}" for name, value in jar.items())
-
-
-def _as_is(body: bytes, url: str) -> bytes:
-    return body
-
-
-def _wait(deadline: float | None) -> float:
-    wait = capabilities.LEARN_TIMEOUT
-    return wait if deadline is None else max(0.0, min(wait, attempts.time_left(deadline)))
-
-
-def _typed(kind: int, caps: capabilities.Capabilities) -> bool:
-    if kind == session_pb2.SEED_KIND_TYPED:
-        return True
-    return kind != session_pb2.SEED_KIND_LEGACY and caps.typed_seed_only
-
-
-def _checked_open(request: session_pb2.OpenSessionRequest, max_bytes: int) -> tuple[bytes, float]:
-    """The legacy `/seed_session` body of `request` (its row, checked as a VerifyRequest's)
-    and its lease (0 = the default)."""
-    if request.lease_seconds < 0 or not math.isfinite(request.lease_seconds):
-        raise errors.invalid_item(f"lease_seconds must be >= 0, got {request.lease_seconds}")
-    item = verify_pb2.VerifyRequest(
-        request_id="session",
-        resources_server=request.resources_server,
-        row_json=request.row_json,
-        timeout_seconds=request.timeout_seconds,
-        seed_session=True,
-    )
-    _, seed = verify_checks.check_item(item, max_item_bytes=max_bytes, session_servers=())
-    assert seed is not None
-    return seed, request.lease_seconds
-
-
-def _checked_tool(request: session_pb2.CallToolRequest, max_bytes: int) -> bytes:
-    """The tool's body: its arguments, a JSON object."""
-    tool = request.tool
-    if not tool or not tool.replace("_", "a").replace("-", "a").isalnum() or not tool.isascii():
-        raise errors.invalid_item(f"tool must be letters, digits, _ and -, got {tool[:100]!r}")
-    if "/" + tool in _ROUTES:
-        raise errors.invalid_item(f"{tool!r} is a session route, not a tool")
-    checks.check_size(request, max_bytes)
-    if not request.arguments_json:
-        return b"{}"
-    verify_checks.json_object(request.arguments_json, "arguments_json")
-    return request.arguments_json.encode("utf-8")
+def _kind(session: Session, *, step_wise: bool) -> None:
+    """Raise FAILED_PRECONDITION / NOT_STEP_WISE unless `session` is step-wise exactly when
+    the call (Step: True; VerifySession: False) needs it."""
+    if session.step_wise != step_wise:
+        kind = "step-wise (/reset, /step)" if session.step_wise else "not step-wise"
+        use = "Step" if session.step_wise else "VerifySession"
+        raise errors.ItemError(
+            code_pb2.FAILED_PRECONDITION,
+            reasons.NOT_STEP_WISE,
+            f"session {session.opened.session_id!r} on {session.name} is {kind}: use {use}",
+        )

@@ -26,7 +26,7 @@ from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation, http, sessions
 from nemo_gym_grpc.bridge.nemo_gym.http import Refused, Reply
 from nemo_gym_grpc.bridge.nemo_gym.scores import Scored
-from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, SEED_PATH
+from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, RESET_PATH, SEED_PATH
 from nemo_gym_grpc.bridge.nemo_gym.verify import VERIFY_PATH, read_verify_reply
 from nemo_gym_grpc.bridge.process.metrics import UNKNOWN_SERVER, Metrics
 from nemo_gym_grpc.shared import reasons
@@ -158,7 +158,10 @@ class Verifier:
         `/seed_session` (for a session; typed where the replica takes only that) then
         `/verify` with that reply's cookies, each under the rollout prefix where the replica
         takes it; then its reply read. A session opened is closed in the background
-        (`sessions.Closer`).
+        (`sessions.Closer`). On a step-wise replica (`capabilities.step_wise`) the item is a
+        one-step episode instead: `/reset` with the row, then `/step` with the `/verify` body
+        in that session; the step's reward is the item's (the server ends its session when the
+        step terminates it; it has no `/close_session`).
 
         Raises:
             errors.ItemError: the `/verify` failure, or any `/seed_session` failure with
@@ -172,17 +175,23 @@ class Verifier:
             base += correlation.rollout_prefix(call.request_id, attempt)
         if call.seed is None and caps.custom_seed:
             self._unseeded(call.name, replica.url)
-        url = base + VERIFY_PATH
+        route = sessions.STEP_PATH if caps.step_wise else VERIFY_PATH
+        url = base + route
         try:
             async with replica.use(attempts.slot_wait(deadline)) as queued:
                 cookie = ""
                 opened: sessions.Opened | None = None
-                if call.seed is not None:
+                if caps.step_wise:
+                    reset = sessions.reset_body(call.payload)
+                    cookie = await self._open(
+                        replica, base, RESET_PATH, call, reset, deadline, queued
+                    )
+                elif call.seed is not None:
                     opened = sessions.open_session(call.request_id, attempt)
                     cookie = await self._seed(replica, base, call, caps, opened, deadline, queued)
                 try:
                     reply = await self._post(
-                        replica, base, VERIFY_PATH, call, call.payload, cookie, deadline, queued
+                        replica, base, route, call, call.payload, cookie, deadline, queued
                     )
                 except errors.ItemError as exc:
                     _no_reverify(exc, caps, sent=not isinstance(exc, (Refused, attempts.NotSent)))
@@ -240,19 +249,40 @@ class Verifier:
         if caps.typed_seed_only:
             body = sessions.typed_seed_body(opened, call.name, opened.rollout_id, call.seed)
         try:
-            seeded = await self._post(replica, base, SEED_PATH, call, body, "", deadline, queued)
-            if seeded.status != 200:
-                error = errors.http_status_error(
-                    seeded.status, base + SEED_PATH, seeded.body, reasons.UPSTREAM_SESSION_FAILED
-                )
-                upstream.note_redirect(error, seeded)
-                raise error
-            return sessions.cookie_header(seeded.set_cookies, base + SEED_PATH)
+            return await self._open(replica, base, SEED_PATH, call, body, deadline, queued)
         except errors.ItemError as exc:
-            exc.reason = reasons.UPSTREAM_SESSION_FAILED
             sent = not isinstance(exc, (Refused, attempts.NotSent))
             if sent and caps.typed_seed_only and caps.close_session:
                 self._close(base, opened, "", call)
+            raise
+
+    async def _open(
+        self,
+        replica: Replica,
+        base: str,
+        path: str,
+        call: _Call,
+        body: bytes,
+        deadline: float | None,
+        queued: float,
+    ) -> str:
+        """POST `body` to the session-opening `path` (`/seed_session`, `/reset`) at `base`;
+        returns the `Cookie` header its reply sets.
+
+        Raises:
+            errors.ItemError: with reason UPSTREAM_SESSION_FAILED.
+        """
+        try:
+            opened = await self._post(replica, base, path, call, body, "", deadline, queued)
+            if opened.status != 200:
+                error = errors.http_status_error(
+                    opened.status, base + path, opened.body, reasons.UPSTREAM_SESSION_FAILED
+                )
+                upstream.note_redirect(error, opened)
+                raise error
+            return sessions.cookie_header(opened.set_cookies, base + path)
+        except errors.ItemError as exc:
+            exc.reason = reasons.UPSTREAM_SESSION_FAILED
             raise
 
     def _close(self, base: str, opened: sessions.Opened, cookie: str, call: _Call) -> None:

@@ -4,7 +4,9 @@ NeMo Gym 0.4 serves `/seed_session` (legacy body: the row) and `/verify`. 0.7 ad
 `/close_session`, `GET /reverify_mode` (is re-running `/verify` safe: "stateless",
 "unsupported" or "unknown"), the typed `ResourcesSeedSessionRequest` (some servers take only
 that) and the rollout prefix `/ng-rollout/<id>/<route>`. Both versions serve FastAPI's
-`GET /openapi.json`, which lists the routes and the `/seed_session` body schema.
+`GET /openapi.json`, which lists the routes and the `/seed_session` body schema. 0.7's
+step-wise servers (`GymnasiumServer`: blackjack, wordle, ...) serve `/reset` and `/step` instead
+of `/seed_session` and `/verify`.
 
 Learning is two or three GETs: `/openapi.json`; when it lists `/reverify_mode`, that route
 behind the rollout prefix (200 = the prefix works, and the mode), else without it. Any failure
@@ -26,7 +28,7 @@ from typing import Any
 import aiohttp
 
 from nemo_gym_grpc.bridge.nemo_gym.correlation import ROLLOUT_PREFIX
-from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, SEED_PATH
+from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, RESET_PATH, SEED_PATH, STEP_PATH
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,17 @@ RELEARN_AFTER = 30.0
 TYPED_SEED = "ResourcesSeedSessionRequest"
 # The routes every NeMo Gym resources server has (not tools).
 NEMO_GYM_ROUTES = frozenset(
-    {"/verify", SEED_PATH, CLOSE_PATH, REVERIFY_PATH, "/aggregate_metrics", "/mcp", "/"}
+    {
+        "/verify",
+        SEED_PATH,
+        CLOSE_PATH,
+        REVERIFY_PATH,
+        RESET_PATH,
+        STEP_PATH,
+        "/aggregate_metrics",
+        "/mcp",
+        "/",
+    }
 )
 DEFAULT_SEEDS = frozenset({"BaseSeedSessionRequest", TYPED_SEED})
 
@@ -66,6 +78,8 @@ class Capabilities:
         typed_seed: `/seed_session` takes the typed `ResourcesSeedSessionRequest`.
         tools: its `POST /<name>` routes that are not NeMo Gym's own (`NEMO_GYM_ROUTES`),
             sorted: the tools a session can call.
+        step_wise: it serves `/reset` and `/step` and no `/verify` (a gymnasium-style server):
+            an item is scored as a one-step episode.
     """
 
     typed_seed_only: bool = False
@@ -76,6 +90,7 @@ class Capabilities:
     learned: bool = False
     typed_seed: bool = False
     tools: tuple[str, ...] = ()
+    step_wise: bool = False
 
 
 LEGACY = Capabilities()
@@ -101,6 +116,7 @@ def read_openapi(doc: Mapping[str, Any]) -> Capabilities:
         learned=True,
         typed_seed=TYPED_SEED in seeds,
         tools=tuple(tools),
+        step_wise=RESET_PATH in paths and STEP_PATH in paths and "/verify" not in paths,
     )
 
 

@@ -42,14 +42,15 @@ MAX_FAILURE_REASON = 1000
 JUDGE_FAILED = "judge_failed"
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """`value` as a finite float, or None (booleans, text, NaN, infinities, huge integers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
-        number = float(value)
+        as_float = float(value)
     except OverflowError:  # an integer beyond float range: no finite reward
         return None
-    return number if math.isfinite(number) else None
+    return as_float if math.isfinite(as_float) else None
 
 
 def diagnostic_text(value: Any, limit: int) -> str:
@@ -149,7 +150,7 @@ def score_reply(
     """
     if masked(reply):
         raise masked_error(reply, url, judge_unavailable)
-    reward = _number(reply.get("reward"))
+    reward = number(reply.get("reward"))
     if reward is None:
         got = f"{reply.get('reward')!r:.100}"
         raise bad_reply(url, f"reply has no finite numeric reward (got {got})")
@@ -158,12 +159,12 @@ def score_reply(
         raise bad_reply(url, "reward_components is not an object")
     components: dict[str, float] = {}
     for name, value in found.items():
-        number = _number(value)
-        if number is None:
+        component = number(value)
+        if component is None:
             raise bad_reply(url, f"reward_components[{name!r}] is not a finite number")
         if errors.has_lone_surrogate(name):
             raise bad_reply(url, f"reward_components key {name!r} is not valid Unicode text")
-        components[name] = number
+        components[name] = component
     other = ""
     if include_reply:
         other = json.dumps({k: v for k, v in reply.items() if k not in _TYPED_OR_ECHOED})

@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 SEED_PATH = "/seed_session"
 CLOSE_PATH = "/close_session"
+# A step-wise (gymnasium-style) server's session: `/reset` with the row opens it, `/step` with
+# the row and a response acts in it (observation, reward, terminated, truncated, info).
+RESET_PATH = "/reset"
+STEP_PATH = "/step"
 # Seconds one `/close_session` call may take.
 CLOSE_TIMEOUT = 5.0
 
@@ -54,6 +58,14 @@ def seed_body(verify_body: Mapping[str, Any]) -> bytes:
     `response` (the row's fields and `responses_create_params`)."""
     row = {key: value for key, value in verify_body.items() if key != "response"}
     return codec.dumps(row)  # a part of a body that encoded: no NaN, no lone surrogate
+
+
+def reset_body(verify_body: bytes) -> bytes:
+    """The UTF-8 JSON body of `/reset` for an item, from its `/verify` body (what `seed_body`
+    keeps: the row without `response`)."""
+    row = codec.loads(verify_body)
+    row.pop("response", None)
+    return codec.dumps(row)
 
 
 def cookie_header(set_cookies: Iterable[str], url: str) -> str:

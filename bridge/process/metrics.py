@@ -3,7 +3,7 @@
 - `nemo_gym_grpc_items_total` (counter): items answered, by `resources_server`, `outcome`
   (ok/error), `code` (gRPC code name) and `reason` (ErrorInfo reason, "" when ok);
 - `nemo_gym_grpc_upstream_latency_seconds` (histogram): one upstream HTTP call, by
-  `resources_server` and `route` (/verify, /seed_session, /close_session);
+  `resources_server` and `route` (/verify, /seed_session, /close_session; /reset, /step);
 - `nemo_gym_grpc_upstream_retries_total` (counter): attempts after an item's first, by
   `resources_server` and `reason` (of the failure that was retried);
 - `nemo_gym_grpc_session_closes_total` (counter): `/close_session` calls the bridge made in

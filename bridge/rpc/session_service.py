@@ -1,5 +1,5 @@
 """The `nemo_gym_grpc.v1.SessionService` implementation (grpc.aio): OpenSession, CallTool,
-VerifySession, CloseSession over the session flow (`flows.session.Sessions`).
+VerifySession, CloseSession, Step over the session flow (`flows.session.Sessions`).
 
 Each call answers in its response, with the RPC ending OK: the outcome, or `error` (a
 `google.rpc.Status` with one ErrorInfo, `errors.ItemError.to_status`). Each request counts
@@ -89,6 +89,15 @@ class SessionService(session_pb2_grpc.SessionServiceServicer):
         self, request: session_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.CloseSessionResponse:
         return session_pb2.CloseSessionResponse(closed=self._sessions.close(request.session_id))
+
+    async def Step(
+        self, request: session_pb2.StepRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.StepResponse:
+        try:
+            result, seconds = await self._held(request, self._sessions.step, call_deadline(context))
+        except Exception as exc:
+            return _failed(session_pb2.StepResponse, exc, "Step")
+        return session_pb2.StepResponse(result=result, latency_seconds=seconds)
 
     async def _held(
         self, request: R, call: Callable[[R, float | None], Awaitable[T]], deadline: float | None

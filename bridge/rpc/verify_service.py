@@ -82,6 +82,7 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
                     typed_sessions=caps.typed_seed,
                     close_session=caps.close_session,
                     reverify_mode=caps.reverify_mode,
+                    step_wise=caps.step_wise,
                 )
                 for u, caps in zip(entries, learned, strict=True)
             ]

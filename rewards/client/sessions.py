@@ -137,6 +137,30 @@ def verified(reply: session_pb2.VerifySessionResponse) -> verify_pb2.VerifyRespo
     return reply.result
 
 
+def step_request(
+    session_id: str,
+    *,
+    response: Mapping[str, Any] | None = None,
+    completion: str = "",
+    row: Mapping[str, Any] | None = None,
+) -> session_pb2.StepRequest:
+    """The StepRequest of one action in a step-wise session: `response` (an OpenAI Responses
+    object) or else `completion` (its text), with `row` (the dataset row; None = `{}`)."""
+    item = verify_request(session_id, response=response, completion=completion, row=row).item
+    return session_pb2.StepRequest(session_id=session_id, item=item)
+
+
+def stepped(reply: session_pb2.StepResponse) -> session_pb2.StepResult:
+    """What the environment answered (observation, reward, terminated, truncated, info).
+
+    Raises:
+        SessionError: the step failed (e.g. NOT_STEP_WISE, SESSION_NOT_FOUND, upstream).
+    """
+    if reply.WhichOneof("outcome") != "result":
+        raise SessionError(Failure.from_status(reply.error))
+    return reply.result
+
+
 def _open_channel(kind: Any, target: str, security: Security) -> Any:
     """A channel of `kind` (the `grpc` or `grpc.aio` module) to `target` with _OPTIONS and
     `security`'s credentials."""
@@ -198,6 +222,16 @@ class Session(_Opened):
         """
         call = self._client.stub.VerifySession
         return verified(self._client.call(call, verify_request(self.id, **answer), timeout))
+
+    def step(self, timeout: float | None = None, **action: Any) -> session_pb2.StepResult:
+        """Act in this step-wise session (`step_request`'s keywords: `response` or
+        `completion`, `row`): the environment's observation, reward, terminated, truncated.
+
+        Raises:
+            SessionError: the step failed (NOT_STEP_WISE on a server that is not step-wise).
+        """
+        call = self._client.stub.Step
+        return stepped(self._client.call(call, step_request(self.id, **action), timeout))
 
     def close(self) -> bool:
         """Close it (`/close_session` upstream where the server has it); False when it was
@@ -296,6 +330,11 @@ class AsyncSession(_Opened):
         """As `Session.verify`."""
         request = verify_request(self.id, **answer)
         return verified(await self._client.call(self._client.stub.VerifySession, request, timeout))
+
+    async def step(self, timeout: float | None = None, **action: Any) -> session_pb2.StepResult:
+        """As `Session.step`."""
+        request = step_request(self.id, **action)
+        return stepped(await self._client.call(self._client.stub.Step, request, timeout))
 
     async def close(self) -> bool:
         """As `Session.close`."""

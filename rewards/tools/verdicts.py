@@ -9,8 +9,10 @@ keyword argument 'reward'"). So `score` leaves out of each row the fields of its
 `/verify` answer model that its request model does not have: the server's own FastAPI schema
 (`GET <server>/openapi.json`; NeMo Gym's resources servers are FastAPI apps) says which, read
 once per server at the start of a run, the servers' URLs from the bridge
-(`ListResourcesServers`). A server whose schema cannot be read (not reachable from here, no
-schema) gets `BASE_VERDICT_FIELDS` left out, with a warning.
+(`ListResourcesServers`). A step-wise server (0.7's gymnasium-style servers: `/step`, no
+`/verify`) has its `/step` models read instead (the verdict: `observation`, `reward`,
+`terminated`, `truncated`, `info`). A server whose schema cannot be read (not reachable from
+here, no schema) gets `BASE_VERDICT_FIELDS` left out, with a warning.
 
 NeMo Gym's own reverification (`ng_reverify`, 0.7) pairs each rollout with its materialized
 input row instead; a rollout file alone does not have it.
@@ -56,13 +58,14 @@ class Verdicts:
 
 def answer_only_fields(schema: Mapping[str, Any]) -> frozenset[str]:
     """The properties of `POST /verify`'s 200 answer model that its request model does not
-    have, from a FastAPI OpenAPI document.
+    have (`POST /step`'s on a server without `/verify`), from a FastAPI OpenAPI document.
 
     Raises:
         KeyError, TypeError: the document has no such route or models (not a NeMo Gym
             resources server's schema).
     """
-    post = schema["paths"]["/verify"]["post"]
+    paths = schema["paths"]
+    post = paths["/verify" if "/verify" in paths else "/step"]["post"]
     request = post["requestBody"]["content"]["application/json"]["schema"]
     answer = post["responses"]["200"]["content"]["application/json"]["schema"]
     return frozenset(_properties(schema, answer) - _properties(schema, request))
@@ -85,7 +88,7 @@ async def _schema_fields(session: aiohttp.ClientSession, url: str) -> frozenset[
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
         return f"GET {url}/openapi.json failed: {exc!r:.200}"
     except (KeyError, TypeError):
-        return f"{url}/openapi.json has no /verify request and answer models"
+        return f"{url}/openapi.json has no /verify (or /step) request and answer models"
 
 
 async def read_verdicts(target: str, security: channels.Security) -> Verdicts:

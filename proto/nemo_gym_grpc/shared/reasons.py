@@ -38,6 +38,8 @@ UPSTREAM_EPISODE_FAILED = "UPSTREAM_EPISODE_FAILED"
 SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
 UNKNOWN_TOOL = "UNKNOWN_TOOL"
 TOO_MANY_SESSIONS = "TOO_MANY_SESSIONS"
+# Step on a session that is not step-wise, or VerifySession on one that is.
+NOT_STEP_WISE = "NOT_STEP_WISE"
 
 # Codes whose cause is usually gone a moment later (gRPC's status-code guide).
 RETRYABLE_CODES = frozenset({code_pb2.UNAVAILABLE, code_pb2.RESOURCE_EXHAUSTED})

@@ -6,6 +6,9 @@ themselves and call the environment step by step (verifiers, SkyRL
 generators): open a session on a resources server with a dataset row
 (`/seed_session`), call its tools (`POST /<tool name>`), verify in it
 (`/verify`), close it (`/close_session` where the server has one).
+Step-wise servers (NeMo Gym 0.7's gymnasium-style `GymnasiumServer`:
+`/reset` and `/step`, no `/seed_session` or `/verify`) are sessions too:
+OpenSession resets the environment with the row, Step acts in it.
 
 The bridge keeps each session's cookies (NeMo Gym keeps session state in a
 signed cookie that a tool call may set again: every call sends the latest)
@@ -352,3 +355,116 @@ class CloseSessionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CloseSessionResponse: _TypeAlias = CloseSessionResponse  # noqa: Y015
+
+@_typing.final
+class StepRequest(_message.Message):
+    """Request for Step."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ITEM_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """From OpenSessionResponse, of a step-wise session. Required."""
+    @_builtins.property
+    def item(self) -> _verify_pb2.VerifyRequest:
+        """The action and the row it acts on, as a VerifyRequest: `response_json`
+        (an OpenAI Responses object) or `completion`, with `row_json` /
+        `responses_create_params_json`; its `resources_server` may be empty (the
+        session's), its `seed_session` and `include_reply` are ignored.
+        """
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        item: _verify_pb2.VerifyRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item", b"item", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepRequest: _TypeAlias = StepRequest  # noqa: Y015
+
+@_typing.final
+class StepResponse(_message.Message):
+    """Response of Step."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    LATENCY_SECONDS_FIELD_NUMBER: _builtins.int
+    latency_seconds: _builtins.float
+    """Wall time of the `/step` call, seconds."""
+    @_builtins.property
+    def result(self) -> Global___StepResult:
+        """What the environment answered."""
+
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """Why the step has no result: SESSION_NOT_FOUND (NOT_FOUND),
+        NOT_STEP_WISE (FAILED_PRECONDITION: the session is not on a step-wise
+        server), INVALID_ITEM, or an upstream failure as for VerifyResponse.
+        """
+
+    def __init__(
+        self,
+        *,
+        result: Global___StepResult | None = ...,
+        error: _status_pb2.Status | None = ...,
+        latency_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "latency_seconds", b"latency_seconds", "outcome", b"outcome", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["result", "error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___StepResponse: _TypeAlias = StepResponse  # noqa: Y015
+
+@_typing.final
+class StepResult(_message.Message):
+    """One step's outcome (NeMo Gym's `EnvStepResponse`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBSERVATION_FIELD_NUMBER: _builtins.int
+    REWARD_FIELD_NUMBER: _builtins.int
+    TERMINATED_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    INFO_JSON_FIELD_NUMBER: _builtins.int
+    observation: _builtins.str
+    """The next observation; absent when the server sent none (an episode
+    that ended).
+    """
+    reward: _builtins.float
+    """The step's reward."""
+    terminated: _builtins.bool
+    """The episode ended (the server has then ended its session)."""
+    truncated: _builtins.bool
+    """The episode was cut short (the server has then ended its session)."""
+    info_json: _builtins.str
+    """The step's `info` object, JSON."""
+    def __init__(
+        self,
+        *,
+        observation: _builtins.str | None = ...,
+        reward: _builtins.float = ...,
+        terminated: _builtins.bool = ...,
+        truncated: _builtins.bool = ...,
+        info_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_observation", b"_observation", "observation", b"observation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_observation", b"_observation", "info_json", b"info_json", "observation", b"observation", "reward", b"reward", "terminated", b"terminated", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__observation: _TypeAlias = _typing.Literal["observation"]  # noqa: Y015
+    _WhichOneofArgType__observation: _TypeAlias = _typing.Literal["_observation", b"_observation"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__observation) -> _WhichOneofReturnType__observation | None: ...
+
+Global___StepResult: _TypeAlias = StepResult  # noqa: Y015

@@ -55,6 +55,11 @@ class SessionServiceStub:
                 request_serializer=nemo__gym__grpc_dot_v1_dot_session__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=nemo__gym__grpc_dot_v1_dot_session__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.Step = channel.unary_unary(
+                '/nemo_gym_grpc.v1.SessionService/Step',
+                request_serializer=nemo__gym__grpc_dot_v1_dot_session__pb2.StepRequest.SerializeToString,
+                response_deserializer=nemo__gym__grpc_dot_v1_dot_session__pb2.StepResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -63,7 +68,8 @@ class SessionServiceServicer:
 
     def OpenSession(self, request, context):
         """Opens a session: `POST /seed_session` with the row on one replica of
-        the resources server.
+        the resources server (`POST /reset` on a step-wise server; its
+        observation and info are the seed reply).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -85,6 +91,14 @@ class SessionServiceServicer:
 
     def CloseSession(self, request, context):
         """Closes a session (`/close_session` where the server has one).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Step(self, request, context):
+        """Acts in a step-wise session: its `/step` with the row and the response
+        (the action), with the session's cookies.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -112,6 +126,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=nemo__gym__grpc_dot_v1_dot_session__pb2.CloseSessionRequest.FromString,
                     response_serializer=nemo__gym__grpc_dot_v1_dot_session__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'Step': grpc.unary_unary_rpc_method_handler(
+                    servicer.Step,
+                    request_deserializer=nemo__gym__grpc_dot_v1_dot_session__pb2.StepRequest.FromString,
+                    response_serializer=nemo__gym__grpc_dot_v1_dot_session__pb2.StepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +242,33 @@ class SessionService:
             '/nemo_gym_grpc.v1.SessionService/CloseSession',
             nemo__gym__grpc_dot_v1_dot_session__pb2.CloseSessionRequest.SerializeToString,
             nemo__gym__grpc_dot_v1_dot_session__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Step(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nemo_gym_grpc.v1.SessionService/Step',
+            nemo__gym__grpc_dot_v1_dot_session__pb2.StepRequest.SerializeToString,
+            nemo__gym__grpc_dot_v1_dot_session__pb2.StepResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,9 @@ themselves and call the environment step by step (verifiers, SkyRL
 generators): open a session on a resources server with a dataset row
 (`/seed_session`), call its tools (`POST /<tool name>`), verify in it
 (`/verify`), close it (`/close_session` where the server has one).
+Step-wise servers (NeMo Gym 0.7's gymnasium-style `GymnasiumServer`:
+`/reset` and `/step`, no `/seed_session` or `/verify`) are sessions too:
+OpenSession resets the environment with the row, Step acts in it.
 
 The bridge keeps each session's cookies (NeMo Gym keeps session state in a
 signed cookie that a tool call may set again: every call sends the latest)
@@ -51,7 +54,8 @@ class SessionServiceStub:
     def __new__(cls, channel: _aio.Channel) -> SessionServiceAsyncStub: ...
     OpenSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.OpenSessionRequest, _session_pb2.OpenSessionResponse]
     """Opens a session: `POST /seed_session` with the row on one replica of
-    the resources server.
+    the resources server (`POST /reset` on a step-wise server; its
+    observation and info are the seed reply).
     """
     CallTool: _grpc.UnaryUnaryMultiCallable[_session_pb2.CallToolRequest, _session_pb2.CallToolResponse]
     """Calls one of the resources server's tools in a session."""
@@ -59,6 +63,10 @@ class SessionServiceStub:
     """Scores a response in a session: its `/verify` with the session's cookies."""
     CloseSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.CloseSessionRequest, _session_pb2.CloseSessionResponse]
     """Closes a session (`/close_session` where the server has one)."""
+    Step: _grpc.UnaryUnaryMultiCallable[_session_pb2.StepRequest, _session_pb2.StepResponse]
+    """Acts in a step-wise session: its `/step` with the row and the response
+    (the action), with the session's cookies.
+    """
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -67,7 +75,8 @@ class SessionServiceAsyncStub(SessionServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     OpenSession: _aio.UnaryUnaryMultiCallable[_session_pb2.OpenSessionRequest, _session_pb2.OpenSessionResponse]  # type: ignore[assignment]
     """Opens a session: `POST /seed_session` with the row on one replica of
-    the resources server.
+    the resources server (`POST /reset` on a step-wise server; its
+    observation and info are the seed reply).
     """
     CallTool: _aio.UnaryUnaryMultiCallable[_session_pb2.CallToolRequest, _session_pb2.CallToolResponse]  # type: ignore[assignment]
     """Calls one of the resources server's tools in a session."""
@@ -75,6 +84,10 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """Scores a response in a session: its `/verify` with the session's cookies."""
     CloseSession: _aio.UnaryUnaryMultiCallable[_session_pb2.CloseSessionRequest, _session_pb2.CloseSessionResponse]  # type: ignore[assignment]
     """Closes a session (`/close_session` where the server has one)."""
+    Step: _aio.UnaryUnaryMultiCallable[_session_pb2.StepRequest, _session_pb2.StepResponse]  # type: ignore[assignment]
+    """Acts in a step-wise session: its `/step` with the row and the response
+    (the action), with the session's cookies.
+    """
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """Sessions on NeMo Gym resources servers."""
@@ -86,7 +99,8 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.OpenSessionResponse, _abc.Awaitable[_session_pb2.OpenSessionResponse]]:
         """Opens a session: `POST /seed_session` with the row on one replica of
-        the resources server.
+        the resources server (`POST /reset` on a step-wise server; its
+        observation and info are the seed reply).
         """
 
     @_abc_1.abstractmethod
@@ -112,5 +126,15 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.CloseSessionResponse, _abc.Awaitable[_session_pb2.CloseSessionResponse]]:
         """Closes a session (`/close_session` where the server has one)."""
+
+    @_abc_1.abstractmethod
+    def Step(
+        self,
+        request: _session_pb2.StepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.StepResponse, _abc.Awaitable[_session_pb2.StepResponse]]:
+        """Acts in a step-wise session: its `/step` with the row and the response
+        (the action), with the session's cookies.
+        """
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

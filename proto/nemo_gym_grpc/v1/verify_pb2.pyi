@@ -398,6 +398,7 @@ class ResourcesServer(_message.Message):
     TYPED_SESSIONS_FIELD_NUMBER: _builtins.int
     CLOSE_SESSION_FIELD_NUMBER: _builtins.int
     REVERIFY_MODE_FIELD_NUMBER: _builtins.int
+    STEP_WISE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The routing key (VerifyRequest.resources_server)."""
     source: _builtins.str
@@ -417,6 +418,11 @@ class ResourcesServer(_message.Message):
     reverify_mode: _builtins.str
     """Its `GET /reverify_mode` answer ("stateless": scoring again is safe;
     "unsupported", "unknown"), empty when it has no such route.
+    """
+    step_wise: _builtins.bool
+    """It is step-wise (NeMo Gym 0.7's gymnasium-style servers: `/reset` and
+    `/step`, no `/verify`): Verify scores an item as a one-step episode, and
+    its sessions act with SessionService.Step.
     """
     @_builtins.property
     def upstream_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -441,10 +447,11 @@ class ResourcesServer(_message.Message):
         typed_sessions: _builtins.bool = ...,
         close_session: _builtins.bool = ...,
         reverify_mode: _builtins.str = ...,
+        step_wise: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities_known", b"capabilities_known", "close_session", b"close_session", "name", b"name", "reverify_mode", b"reverify_mode", "source", b"source", "tools", b"tools", "typed_sessions", b"typed_sessions", "upstream_urls", b"upstream_urls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities_known", b"capabilities_known", "close_session", b"close_session", "name", b"name", "reverify_mode", b"reverify_mode", "source", b"source", "step_wise", b"step_wise", "tools", b"tools", "typed_sessions", b"typed_sessions", "upstream_urls", b"upstream_urls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

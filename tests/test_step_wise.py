@@ -1,0 +1,118 @@
+"""NeMo Gym 0.7's step-wise resources servers (`GymnasiumServer`: `/reset` and `/step`, no
+`/seed_session` or `/verify`: blackjack, wordle, ...) through the bridge, real servers:
+
+- `nemo-gym-grpc score` on each one's own example_rollouts.jsonl scores every row as a one-step
+  episode (`/reset` with the row, `/step` with the row and its response, in one session);
+  before, every row failed and the run exited 1;
+- `ListResourcesServers` says which servers are step-wise;
+- a session on one is an episode: OpenSession resets it (the observation is the seed reply),
+  `Step` acts until it terminates; `VerifySession` there, or `Step` on a server that is not
+  step-wise (mcqa), fails NOT_STEP_WISE.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from nemo_gym_grpc.rewards.client.sessions import SessionClient, SessionError
+from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from tests.support import NemoGymServers, resources_server_dir, start_bridge
+from tests.support.items import mcqa_row
+from tests.support.waiting import wait_until
+from tests.test_score import read_out, score_cli
+
+pytestmark = pytest.mark.nemo_gym_07  # step-wise servers are new in 0.7
+
+# indian_banking, step-wise too, is not among them: its config requires an LLM user simulator
+# and judge model server (`user_simulator_model`), which cannot run here.
+STEP_WISE = ("blackjack", "wordle", "openair_congestion", "example_multi_turn_gymnasium")
+# wordle's saved rollouts lack the row's `custom_target` (the word), which its `/reset` needs:
+# every row gets the server's own HTTP 400, typed, and the run goes on.
+NO_TARGET = "Invalid or missing custom_target"
+
+
+@pytest.fixture(scope="module")
+def step_gym(nemo_gym_venv) -> Iterator[NemoGymServers]:
+    with NemoGymServers((*STEP_WISE, "mcqa"), venv=nemo_gym_venv) as gym:
+        yield gym
+
+
+@pytest.fixture(scope="module")
+def bridge(step_gym) -> Iterator:
+    with start_bridge("--head-url", step_gym.head_url) as started:
+        yield started
+
+
+def first_row(server: str) -> dict:
+    """The first row of `server`'s data/example.jsonl."""
+    path = resources_server_dir(server) / "data" / "example.jsonl"
+    return json.loads(path.read_text().splitlines()[0])
+
+
+@pytest.mark.parametrize("server", STEP_WISE)
+def test_score_scores_a_step_wise_servers_saved_rollouts(step_gym, server, tmp_path):
+    rows = resources_server_dir(server) / "data" / "example_rollouts.jsonl"
+    out = tmp_path / "out.jsonl"
+    args = [str(rows), "-o", str(out), "--head-url", step_gym.head_url, "--server", server]
+    done = score_cli(*args, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr  # the server's /step verdict fields were read
+    records = read_out(out)
+    assert len(records) == len([line for line in rows.read_text().splitlines() if line])
+    errors = [r["error"] for r in records if r["error"]]
+    if server == "wordle":
+        assert len(errors) == len(records)
+        assert all(e["reason"] == "UPSTREAM_SESSION_FAILED" for e in errors)
+        assert all("/reset answered HTTP 400" in e["message"] and NO_TARGET in e["message"]
+                   for e in errors)  # fmt: skip
+        return
+    assert errors == []
+    assert all(isinstance(r["reward"], float) for r in records)
+
+
+def test_step_wise_servers_are_listed_as_such(bridge):
+    with grpc.insecure_channel(bridge.target) as channel:
+        stub = verify_pb2_grpc.VerifyServiceStub(channel)
+
+        def listed() -> dict:
+            reply = stub.ListResourcesServers(verify_pb2.ListResourcesServersRequest(), timeout=30)
+            return {s.name: s for s in reply.resources_servers}
+
+        def known() -> bool:
+            return all(s.capabilities_known for s in listed().values())
+
+        wait_until(known, timeout=60, what="every server's capabilities learned")
+        servers = listed()
+    assert {name for name, s in servers.items() if s.step_wise} == set(STEP_WISE)
+    assert list(servers["blackjack"].tools) == []  # /reset and /step are not tools
+
+
+def test_a_blackjack_episode_in_a_session(bridge):
+    row = first_row("blackjack")
+    with SessionClient(bridge.target) as client, client.open("blackjack", row) as session:
+        assert "Your hand" in session.seed_reply["observation"]
+        with pytest.raises(SessionError) as refused:
+            session.verify(completion="<action>stand</action>", row=row)
+        assert refused.value.failure.reason == "NOT_STEP_WISE"
+        steps = []
+        for _ in range(12):  # hit until the hand ends (a bust) or 11 cards, then stand
+            action = "hit" if len(steps) < 11 else "stand"
+            steps.append(session.step(completion=f"<action>{action}</action>", row=row))
+            if steps[-1].terminated:
+                break
+    *going, last = steps
+    assert all(s.observation and s.reward == 0.0 and not s.terminated for s in going)
+    assert last.terminated and not last.HasField("observation")
+    assert last.reward in (-1.0, 0.0, 1.0)
+    assert json.loads(last.info_json)["result"] in ("bust", "win", "draw", "loss")
+
+
+def test_step_on_a_session_that_is_not_step_wise_fails_not_step_wise(bridge):
+    with SessionClient(bridge.target) as client, client.open("mcqa", mcqa_row()) as session:
+        with pytest.raises(SessionError) as refused:
+            session.step(completion="\\boxed{A}", row=mcqa_row())
+    assert refused.value.failure.reason == "NOT_STEP_WISE"
