@@ -174,6 +174,8 @@ def test_rollouts_are_resent_only_when_their_run_cannot_have_started(agent_stack
     resent = [o for o in outcomes if not hasattr(o, "rollout") and not o.whole_call]
     assert killer.killed is first and len(ran) >= 64
     assert all(o.rollout.reward == 1.0 for o in ran)
-    assert cut and {(o.code, o.message) for o in cut} == {("UNAVAILABLE", cut[0].message)}
+    # each stream cut by the kill ends UNAVAILABLE; gRPC words it by what its socket saw
+    # ("Stream removed (Socket closed)", "... (sendmsg: Broken pipe (32))": both in CI)
+    assert cut and {o.code for o in cut} == {"UNAVAILABLE"} and all(o.message for o in cut)
     assert resent and {o.reason for o in resent} == {"UPSTREAM_UNAVAILABLE"}  # the 2nd's agent
     assert len(ran) + len(cut) + len(resent) == 2000

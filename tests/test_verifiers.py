@@ -4,8 +4,9 @@ its own, as prime-rl runs one per source) and its client (`EnvClient`, ZMQ on lo
 episodes of NeMo Gym's own example rows through a real bridge to real NeMo Gym 0.7 resources
 servers of the agent stack (tests/support/agents.py): example_single_tool_call (a session with
 a tool; behind a FaultProxy, which counts the session calls and injects faults) and
-math_with_judge (whose judge answers 503: a masked sample). The harness and the policy model
-are scripted (tests/support/vf_harness.py says why)."""
+math_with_judge (whose judge answers 503: a masked sample); and example_tool_call_multireward
+(reward_components) of the default stack. The harness and the policy model are scripted
+(tests/support/vf_harness.py says why)."""
 
 from __future__ import annotations
 
@@ -187,3 +188,15 @@ def test_a_bridge_killed_mid_episode_errors_every_trace(agent_stack, proxy, poli
     for trace in traces:
         assert not trace.ok and trace.errors
         assert trace.rewards["nemo_gym"] is None
+
+
+def test_reward_components_that_sum_to_the_reward_are_the_named_rewards(nemo_gym, policy, serve):
+    # example_tool_call_multireward (of the `nemo_gym` stack): reward = correctness +
+    # schema_valid + format
+    with start_bridge("--head-url", nemo_gym.head_url) as bridge:
+        served = serve(bridge.target, "example_tool_call_multireward")
+        traces = asyncio.run(run_episodes(served.address, policy.base_url, served.data[:3]))
+    for trace in traces:
+        assert trace.ok and not trace.errors, trace.errors
+        assert set(trace.rewards) == {"correctness", "schema_valid", "format"}
+        assert trace.reward == sum(r.score for r in trace.rewards.values())

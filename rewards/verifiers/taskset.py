@@ -37,7 +37,7 @@ from verifiers.v1.utils.decorators import reward
 from nemo_gym_grpc.rewards.client.sessions import SessionError
 from nemo_gym_grpc.rewards.verifiers import clients
 
-# reward == sum(reward_components) up to this much (NeMo RL checks the same)
+# reward == sum(reward_components) up to this much: then they are the named rewards
 COMPONENTS_TOLERANCE = 1e-6
 
 
@@ -103,8 +103,10 @@ class BridgeTask(Task[NeMoGymData, BridgeState, BridgeTaskConfig]):
 
     @reward(weight=1.0)
     async def nemo_gym(self, trace: Trace) -> float | Mapping[str, float]:
-        """The session's `/verify` reward; its `reward_components` as named rewards when it
-        has them (they sum to the reward). Raises TaskError for a failed or masked verify, and
+        """The session's `/verify` reward. Its `reward_components`, when they sum to it (NeMo
+        Gym's multi-reward convention, e.g. example_tool_call_multireward), are the named
+        rewards instead; components that do not (diagnostics, e.g. nemo_user_sim's) are
+        metrics `reward_component/<name>`. Raises TaskError for a failed or masked verify, and
         (closing the session unverified) when a tool call failed for reasons not the model's."""
         state = trace.state
         if state.tool_failures:
@@ -124,14 +126,12 @@ class BridgeTask(Task[NeMoGymData, BridgeState, BridgeTaskConfig]):
             raise _failed(trace, "verify", exc) from None
         trace.info["nemo_gym"] = {"latency_seconds": result.latency_seconds}
         components = dict(result.reward_components)
-        if not components:
-            return result.reward
-        if not math.isclose(sum(components.values()), result.reward, abs_tol=COMPONENTS_TOLERANCE):
-            raise TaskError(
-                f"NeMo Gym reward {result.reward} is not the sum of its reward_components "
-                f"{components}"
-            )
-        return components
+        total = sum(components.values())
+        if components and math.isclose(total, result.reward, abs_tol=COMPONENTS_TOLERANCE):
+            return components
+        for name, value in components.items():
+            trace.record_metric(f"reward_component/{name}", value)
+        return result.reward
 
 
 def _failed(trace: Trace, step: str, exc: SessionError) -> TaskError:
