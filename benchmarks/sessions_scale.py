@@ -2,9 +2,10 @@
 once through one `AsyncSessionClient` (one gRPC channel: one connection to the bridge), each
 one's tool called and verified in it, then closed.
 
-    .venv/bin/python -m benchmarks.sessions_scale [--sessions 1000,4000] [--out benchmarks/results]
+    .venv/bin/python -m benchmarks.sessions_scale [--sessions 1000,4000,16000] [--out DIR]
 
-(from the repository root). It starts NeMo Gym's example_session_state_mgmt (NeMo Gym 0.7.0
+(from the repository root; DIR defaults to benchmarks/results; 16,000 is the bridge's
+--max-sessions default). It starts NeMo Gym's example_session_state_mgmt (NeMo Gym 0.7.0
 unless NEMO_GYM_VERSION says otherwise: one uvicorn process, a counter per session kept in its
 cookie) and one bridge with its defaults. Per count: seconds from the first open to the last
 close, sessions/s, the most sessions the bridge held open at once (its
@@ -104,7 +105,7 @@ def run_count(bridge: Any, server_port: int, count: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sessions", default="1000,4000")
+    parser.add_argument("--sessions", default="1000,4000,16000")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     rows = []
