@@ -5,8 +5,8 @@ episodes of NeMo Gym's own example rows through a real bridge to real NeMo Gym 0
 servers of the agent stack (tests/support/agents.py): example_single_tool_call (a session with
 a tool; behind a FaultProxy, which counts the session calls and injects faults) and
 math_with_judge (whose judge answers 503: a masked sample); and example_tool_call_multireward
-(reward_components) of the default stack. The harness and the policy model are scripted
-(tests/support/vf_harness.py says why)."""
+(reward_components) and mcqa (one turn, graded by the letter it boxes) of the default stack.
+The harness and the policy model are scripted (tests/support/vf_harness.py says why)."""
 
 from __future__ import annotations
 
@@ -200,3 +200,25 @@ def test_reward_components_that_sum_to_the_reward_are_the_named_rewards(nemo_gym
         assert trace.ok and not trace.errors, trace.errors
         assert set(trace.rewards) == {"correctness", "schema_valid", "format"}
         assert trace.reward == sum(r.score for r in trace.rewards.values())
+
+
+def test_mcqa_episodes_score_what_nemo_gym_scores_their_answers(nemo_gym, policy, serve):
+    # mcqa (of the `nemo_gym` stack): one turn, graded by the letter in the last \boxed{};
+    # the scripted policy answers the first and third rows right, the second wrong
+    with start_bridge("--head-url", nemo_gym.head_url) as bridge:
+        served = serve(bridge.target, "mcqa")
+        rows = [data["row"] for data in served.data[:3]]
+        letters = [row["expected_answer"] for row in rows]
+        letters[1] = "A" if letters[1] != "A" else "B"
+        answers = zip(rows, letters, strict=True)
+        policy.answers = [(question(row), f"\\boxed{{{x}}}") for row, x in answers]
+        traces = asyncio.run(run_episodes(served.address, policy.base_url, served.data[:3]))
+    for trace in traces:
+        assert trace.ok and not trace.errors, trace.errors
+    assert [trace.reward for trace in traces] == [1.0, 0.0, 1.0]
+
+
+def question(row: dict[str, Any]) -> str:
+    """A piece of the row's user message that no other example row of mcqa has."""
+    text: str = row["responses_create_params"]["input"][0]["content"]
+    return text.split("step-by-step.", 1)[1][:80]

@@ -128,6 +128,7 @@ class ScriptedPolicy:
 
     def __init__(self, answers: list[tuple[str, str]] | None = None) -> None:
         self.answers: list[tuple[str, str]] = list(answers or [("\\boxed{}", WRONG_MATH_ANSWER)])
+        self._answers = list(self.answers)  # what reset() restores
         self.knobs = Knobs()
         self.calls: list[CallRecord] = []
         self.pid = os.getpid()
@@ -200,8 +201,10 @@ class ScriptedPolicy:
         self._loop.close()
 
     def reset(self) -> None:
-        """Default knobs, held calls released, not paused, an empty request log."""
+        """Default knobs and the answers it was made with, held calls released, not paused, an
+        empty request log."""
         self.knobs = Knobs()
+        self.answers = list(self._answers)
         self.release()
         self._loop.call_soon_threadsafe(self._unpause)
         self._status_used = 0
