@@ -5,13 +5,15 @@ episodes of NeMo Gym's own example rows through a real bridge to real NeMo Gym 0
 servers of the agent stack (tests/support/agents.py): example_single_tool_call (a session with
 a tool; behind a FaultProxy, which counts the session calls and injects faults) and
 math_with_judge (whose judge answers 503: a masked sample); and example_tool_call_multireward
-(reward_components) and mcqa (one turn, graded by the letter it boxes) of the default stack.
+(reward_components) and mcqa (one turn, graded by the letter it boxes) of the default stack;
+and example_mcp_weather (rows without tools: the taskset offers the ones the bridge lists).
 The harness and the policy model are scripted (tests/support/vf_harness.py says why)."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import os
 import signal
 import time
@@ -29,7 +31,7 @@ except ImportError as exc:  # as tests/test_trl.py: a failure in CI, a skip in a
         pytest.fail(message, pytrace=False)
     pytest.skip(message, allow_module_level=True)
 
-from tests.support import start_bridge
+from tests.support import NemoGymServers, start_bridge
 from tests.support.agents import MASKED_RESOURCES, WEATHER_RESOURCES
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.policy_model import Knobs, ScriptedPolicy
@@ -222,3 +224,18 @@ def question(row: dict[str, Any]) -> str:
     """A piece of the row's user message that no other example row of mcqa has."""
     text: str = row["responses_create_params"]["input"][0]["content"]
     return text.split("step-by-step.", 1)[1][:80]
+
+
+def test_a_row_without_tools_is_offered_the_tools_the_bridge_lists(nemo_gym_venv, policy, serve):
+    # example_mcp_weather's rows carry "tools": [] (its own agent lists them over MCP); the
+    # policy calls get_weather for Paris: right for the first row, wrong for the second (Tokyo)
+    server = "example_mcp_weather"
+    with NemoGymServers((server,), venv=nemo_gym_venv) as gym:
+        with start_bridge("--head-url", gym.head_url) as bridge:
+            served = serve(bridge.target, server)
+            policy.knobs = Knobs(tool_arguments=json.dumps({"city": "Paris"}))
+            traces = asyncio.run(run_episodes(served.address, policy.base_url, served.data[:2]))
+    for trace in traces:
+        assert trace.ok and not trace.errors, trace.errors
+        assert [m.role for m in trace.messages].count("tool") == 1
+    assert [trace.reward for trace in traces] == [1.0, 0.0]

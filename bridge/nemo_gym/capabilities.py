@@ -29,6 +29,7 @@ import aiohttp
 
 from nemo_gym_grpc.bridge.nemo_gym.correlation import ROLLOUT_PREFIX
 from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, RESET_PATH, SEED_PATH, STEP_PATH
+from nemo_gym_grpc.bridge.nemo_gym.tool_schemas import dig, function_tool
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +77,12 @@ class Capabilities:
             "unknown"), or "" when it has no such route (0.4) or it was not learned.
         learned: True when these come from the server's answers, False for `LEGACY`.
         typed_seed: `/seed_session` takes the typed `ResourcesSeedSessionRequest`.
-        tools: its `POST /<name>` routes that are not NeMo Gym's own (`NEMO_GYM_ROUTES`),
-            sorted: the tools a session can call.
+        tools: its `POST /<name>` routes that are not NeMo Gym's own (`NEMO_GYM_ROUTES`) nor a
+            catch-all (`/{path}`), sorted: the tools a session can call by their own route.
         step_wise: it serves `/reset` and `/step` and no `/verify` (a gymnasium-style server):
             an item is scored as a one-step episode.
+        function_tools: each of `tools` as an OpenAI Responses function tool, JSON text
+            (tool_schemas.function_tool), in the same order.
     """
 
     typed_seed_only: bool = False
@@ -91,6 +94,7 @@ class Capabilities:
     typed_seed: bool = False
     tools: tuple[str, ...] = ()
     step_wise: bool = False
+    function_tools: tuple[str, ...] = ()
 
 
 LEGACY = Capabilities()
@@ -102,12 +106,14 @@ def read_openapi(doc: Mapping[str, Any]) -> Capabilities:
     is not there is not supported."""
     paths = doc.get("paths")
     paths = paths if isinstance(paths, Mapping) else {}
-    seeds = set(_refs(_dig(paths, SEED_PATH, "post", "requestBody", "content")))
+    seeds = set(_refs(dig(paths, SEED_PATH, "post", "requestBody", "content")))
     tools = sorted(
-        str(path)[1:]
+        ((str(path)[1:], methods["post"])
         for path, methods in paths.items()
         if isinstance(path, str) and path.count("/") == 1 and path not in NEMO_GYM_ROUTES
-        and isinstance(methods, Mapping) and "post" in methods
+        and "{" not in path  # a catch-all route (`/{path}`), not one tool
+        and isinstance(methods, Mapping) and isinstance(methods.get("post"), Mapping)),
+        key=lambda tool: tool[0],
     )  # fmt: skip
     return Capabilities(
         typed_seed_only=seeds == {TYPED_SEED},
@@ -115,7 +121,8 @@ def read_openapi(doc: Mapping[str, Any]) -> Capabilities:
         close_session=CLOSE_PATH in paths,
         learned=True,
         typed_seed=TYPED_SEED in seeds,
-        tools=tuple(tools),
+        tools=tuple(name for name, _ in tools),
+        function_tools=tuple(json.dumps(function_tool(n, post, doc)) for n, post in tools),
         step_wise=RESET_PATH in paths and STEP_PATH in paths and "/verify" not in paths,
     )
 
@@ -199,14 +206,6 @@ class Catalog:
             return reply.status, json.loads(raw)
         except ValueError:
             return reply.status, None
-
-
-def _dig(value: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(key)
-    return value
 
 
 def _refs(value: Any) -> Iterator[str]:

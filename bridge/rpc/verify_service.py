@@ -83,6 +83,7 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
                     close_session=caps.close_session,
                     reverify_mode=caps.reverify_mode,
                     step_wise=caps.step_wise,
+                    function_tools_json=caps.function_tools,
                 )
                 for u, caps in zip(entries, learned, strict=True)
             ]

@@ -7,6 +7,7 @@ taskset and the toolset make (state crosses their process boundary as JSON: the 
 from __future__ import annotations
 
 import asyncio
+import json
 import weakref
 from typing import Any
 
@@ -17,9 +18,9 @@ from nemo_gym_grpc.rewards.client.sessions import (
     verified,
     verify_request,
 )
-from nemo_gym_grpc.v1 import session_pb2, verify_pb2
+from nemo_gym_grpc.v1 import session_pb2, verify_pb2, verify_pb2_grpc
 
-__all__ = ["call_tool", "close", "session_client", "verify", "verify_request"]
+__all__ = ["call_tool", "close", "server_tools", "session_client", "verify", "verify_request"]
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncSessionClient]]
 _clients = weakref.WeakKeyDictionary()
@@ -31,6 +32,21 @@ def session_client(target: str) -> AsyncSessionClient:
     if target not in per_loop:
         per_loop[target] = AsyncSessionClient(target)
     return per_loop[target]
+
+
+async def server_tools(target: str, server: str, timeout: float) -> list[dict[str, Any]]:
+    """The function tools the bridge lists for resources server `server` (ListResourcesServers'
+    `function_tools_json`: what a row's `responses_create_params.tools` holds); [] when it
+    lists none or does not know the server. Raises grpc.aio.AioRpcError when the call fails."""
+    client = session_client(target)
+    stub = verify_pb2_grpc.VerifyServiceStub(client.channel)
+    listed = await stub.ListResourcesServers(
+        verify_pb2.ListResourcesServersRequest(), timeout=timeout
+    )
+    for entry in listed.resources_servers:
+        if entry.name == server:
+            return [json.loads(text) for text in entry.function_tools_json]
+    return []
 
 
 async def verify(

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import grpc
 from pydantic import Field
 from verifiers.v1.errors import TaskError
 from verifiers.v1.mcp import SharedToolsetConfig, Toolset
@@ -83,10 +84,12 @@ class BridgeTask(Task[NeMoGymData, BridgeState, BridgeTaskConfig]):
     """One NeMo Gym row: seeded, its tools called and verified in one bridge session."""
 
     async def setup(self, trace: Trace, runtime: Runtime) -> None:
-        """Open the session (`/seed_session` with the row); raises TaskError if it fails."""
+        """Open the session (`/seed_session` with the row); raises TaskError if it fails. A row
+        without tools gets the server's own (the bridge's listing of them): a server that
+        offers its tools over MCP may leave them out of its rows (example_mcp_weather)."""
         state = trace.state
         state.bridge, state.step_timeout = self.config.bridge, self.config.step_timeout
-        tools = self.data.row["responses_create_params"].get("tools") or []
+        tools = self.data.row["responses_create_params"].get("tools") or await self._listed(trace)
         state.direct_tools = {t["name"]: t for t in tools if t.get("type") == "function"}
         state.tool_names = list(state.direct_tools)
         client = clients.session_client(self.config.bridge)
@@ -100,6 +103,15 @@ class BridgeTask(Task[NeMoGymData, BridgeState, BridgeTaskConfig]):
         except SessionError as exc:
             raise _failed(trace, "open", exc) from None
         state.session_id = session.id
+
+    async def _listed(self, trace: Trace) -> list[dict[str, Any]]:
+        """The server's tools as the bridge lists them; raises TaskError if that fails."""
+        server = self.config.resources_server
+        try:
+            return await clients.server_tools(self.config.bridge, server, self.config.step_timeout)
+        except grpc.aio.AioRpcError as exc:
+            trace.info["nemo_gym"] = {"step": "tools", "failure": exc.code().name}
+            raise TaskError(f"the bridge's tools of {server} failed: {exc.code().name}") from None
 
     @reward(weight=1.0)
     async def nemo_gym(self, trace: Trace) -> float | Mapping[str, float]:

@@ -25,10 +25,12 @@ judge model's upstream that is down, for masked rollouts). And what TRL 1.16's a
 move) and `GET /server_info` (dtype float32).
 
 Replies, chosen from the conversation (Chat Completions `messages`):
-- the request offers the `get_weather` tool (example_single_tool_call) and the conversation has
-  fewer than `knobs.tool_turns` tool messages: a call `get_weather({"city": "sf"})` (id
-  `call_<k>`, k = tool messages so far), finish_reason `tool_calls`;
-- the last message is a tool output: FORECAST_PREFIX + the tool's `weather_description`;
+- the request offers the `get_weather` tool (example_single_tool_call, example_mcp_weather)
+  and the conversation has fewer than `knobs.tool_turns` tool messages: a call
+  `get_weather(knobs.tool_arguments)` (by default `{"city": "sf"}`; id `call_<k>`, k = tool
+  messages so far), finish_reason `tool_calls`;
+- the last message is a tool output: FORECAST_PREFIX + the tool's `weather_description` (or
+  `weather`);
 - otherwise the first entry of `answers` (substring of the last user message -> text) that
   matches; by default a math prompt (asks for `\\boxed{}`) gets WRONG_MATH_ANSWER; else
   DEFAULT_ANSWER.
@@ -81,6 +83,7 @@ class Knobs:
         match: apply delay/hold/status only to calls whose request body (JSON text) contains
             this substring (None: every call).
         tool_turns: how many get_weather calls to make before the final answer.
+        tool_arguments: the arguments of those calls (JSON text).
         tool_call_rate: the chance that a conversation offered get_weather calls it at all
             (else the first turn answers DEFAULT_ANSWER, which example_single_tool_call scores
             0.0): a stand-in for sampling, so that the rollouts of one prompt differ. Drawn
@@ -96,6 +99,7 @@ class Knobs:
     status_times: int | None = None
     match: str | None = None
     tool_turns: int = 1
+    tool_arguments: str = WEATHER_ARGUMENTS
     tool_call_rate: float = 1.0
     seed: int = 0
 
@@ -249,13 +253,14 @@ class ScriptedPolicy:
             call = {
                 "id": f"call_{len(tool_messages)}",
                 "type": "function",
-                "function": {"name": WEATHER_TOOL, "arguments": WEATHER_ARGUMENTS},
+                "function": {"name": WEATHER_TOOL, "arguments": self.knobs.tool_arguments},
             }
             return {"role": "assistant", "content": None, "tool_calls": [call]}
         if last.get("role") == "tool":
             output = toy_chat.content_text(last.get("content"))
             with contextlib.suppress(ValueError, AttributeError):
-                output = str(json.loads(output).get("weather_description", output))
+                parsed = json.loads(output)
+                output = str(parsed.get("weather_description", parsed.get("weather", output)))
             return {"role": "assistant", "content": f"{FORECAST_PREFIX} {output}"}
         users = [m for m in messages if m.get("role") == "user"]
         question = toy_chat.content_text(users[-1].get("content")) if users else ""

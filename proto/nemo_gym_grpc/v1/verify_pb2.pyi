@@ -399,6 +399,7 @@ class ResourcesServer(_message.Message):
     CLOSE_SESSION_FIELD_NUMBER: _builtins.int
     REVERIFY_MODE_FIELD_NUMBER: _builtins.int
     STEP_WISE_FIELD_NUMBER: _builtins.int
+    FUNCTION_TOOLS_JSON_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The routing key (VerifyRequest.resources_server)."""
     source: _builtins.str
@@ -434,6 +435,19 @@ class ResourcesServer(_message.Message):
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Its `POST /<name>` routes that are not NeMo Gym's own (`/verify`,
         `/seed_session`, ...), sorted: the tools SessionService.CallTool calls.
+        A catch-all route (`POST /{path}`, whose tools are named by the rows) is
+        not listed; CallTool reaches its tools by name all the same.
+        """
+
+    @_builtins.property
+    def function_tools_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Each of `tools` (same order) as an OpenAI Responses function tool, JSON:
+        {"type": "function", "name", "description" (the route's docstring),
+        "parameters" (its request body's JSON schema, the schemas that refers to
+        under "$defs"), "strict": false}, as a row's
+        `responses_create_params.tools` holds them. The rows of a server that
+        offers its tools over MCP may carry none (NeMo Gym 0.7's
+        `expose_tools_over_mcp` advertises these same routes at `/mcp`).
         """
 
     def __init__(
@@ -448,10 +462,11 @@ class ResourcesServer(_message.Message):
         close_session: _builtins.bool = ...,
         reverify_mode: _builtins.str = ...,
         step_wise: _builtins.bool = ...,
+        function_tools_json: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities_known", b"capabilities_known", "close_session", b"close_session", "name", b"name", "reverify_mode", b"reverify_mode", "source", b"source", "step_wise", b"step_wise", "tools", b"tools", "typed_sessions", b"typed_sessions", "upstream_urls", b"upstream_urls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities_known", b"capabilities_known", "close_session", b"close_session", "function_tools_json", b"function_tools_json", "name", b"name", "reverify_mode", b"reverify_mode", "source", b"source", "step_wise", b"step_wise", "tools", b"tools", "typed_sessions", b"typed_sessions", "upstream_urls", b"upstream_urls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
