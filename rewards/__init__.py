@@ -11,6 +11,9 @@ Drop-in for axolotl's `axolotl.integrations.nemo_gym.rewards` (same names and ca
   explicit endpoints, with the failure policy (`on_error`, `max_failure_fraction`) and
   `asynchronous` as keywords.
 - `reward_env`: passthrough of a precomputed `env_reward` (the rollouts' rewards).
+- `nemo_gym_reward_funcs(nemo_gym, *others)`: TRL's `reward_funcs` with NeMo Gym's function
+  beside others (a format reward, ...), wrapped so that a completion NeMo Gym could not score
+  is None in every column (unscorable in TRL), not scored by the others alone.
 - `create_nemo_gym_rollout_func(agent, ...)`: a TRL `rollout_func` running each prompt as a
   NeMo Gym rollout (agent `/run`) over one gRPC `RunStream` per call.
 - `create_nemo_gym_rollout_worker(rows, args, agent, ...)`: a `rollout_worker` for TRL 1.16's
@@ -27,8 +30,9 @@ Configuration is by environment variable: the list is in `client/settings.py`.
 Subpackages: `client` (the machinery every adapter shares: settings, channels, the one stream
 call, outcomes, the embedded bridge, the failure policy), `trl` (the TRL adapter), `axolotl`
 (the axolotl plugin, on `trl`), `tools` (the `nemo-gym-grpc` command line: `score`,
-`export`); modules `verl`, `verl_manager`, `slime` and `openrlhf` (those trainers' adapters,
-on `stacks`).
+`export`), `verifiers` (the verifiers 0.4 taskset) and `skyrl` (the SkyRL environment), both
+on the bridge's sessions; modules `verl`, `verl_manager`, `slime` and `openrlhf` (those
+trainers' adapters, on `stacks`).
 
 The names above load on first use (PEP 562), so importing this package (as the command line
 does for `serve`) loads no gRPC client and changes nothing; `nemo_gym_grpc.rewards.client` sets
@@ -61,6 +65,9 @@ if TYPE_CHECKING:  # the same names, for type checkers (the `as` marks a re-expo
     from nemo_gym_grpc.rewards.trl.rollout_worker import (
         create_nemo_gym_rollout_worker as create_nemo_gym_rollout_worker,
     )
+    from nemo_gym_grpc.rewards.trl.unscorable import (
+        nemo_gym_reward_funcs as nemo_gym_reward_funcs,
+    )
 
 # Each public name -> the module that defines it.
 _HOMES = {
@@ -73,6 +80,7 @@ _HOMES = {
     "reward_nemo_gym_verify_async": "nemo_gym_grpc.rewards.trl.functions",
     "create_nemo_gym_rollout_func": "nemo_gym_grpc.rewards.trl.rollout_func",
     "create_nemo_gym_rollout_worker": "nemo_gym_grpc.rewards.trl.rollout_worker",
+    "nemo_gym_reward_funcs": "nemo_gym_grpc.rewards.trl.unscorable",
 }
 
 __all__ = sorted(_HOMES)

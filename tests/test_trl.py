@@ -139,10 +139,11 @@ def verify_over_http(url: str, row: dict, text: str) -> float:
     return reply.json()["reward"]
 
 
-def _grpo_trainer(trl, datasets, reward_func, rows: list[dict], output_dir) -> Any:
-    """A `trl.GRPOTrainer` of the tiny Llama over `rows`, scored by `reward_func`, whose policy
-    can sample only ANSWERS and the end token (two_step_grpo_config: 2 steps of 3 prompts x 2
-    generations, completions tables in `output_dir`)."""
+def _grpo_trainer(trl, datasets, reward_funcs, rows: list[dict], output_dir, **config) -> Any:
+    """A `trl.GRPOTrainer` of the tiny Llama over `rows`, scored by `reward_funcs` (one function
+    or a list), whose policy can sample only ANSWERS and the end token (two_step_grpo_config: 2
+    steps of 3 prompts x 2 generations unless `config` says otherwise, completions tables in
+    `output_dir`)."""
     from tests.support.tiny_trl import tiny_llama, two_step_grpo_config
 
     tokenizer = _tokenizer()
@@ -152,11 +153,12 @@ def _grpo_trainer(trl, datasets, reward_func, rows: list[dict], output_dir) -> A
         output_dir,
         max_completion_length=4,
         generation_kwargs={"suppress_tokens": [tokenizer.convert_tokens_to_ids(t) for t in tokens]},
+        **config,
     )
     return trl.GRPOTrainer(
         model=tiny_llama(tokenizer),
         processing_class=tokenizer,
-        reward_funcs=[reward_func],
+        reward_funcs=reward_funcs if isinstance(reward_funcs, list) else [reward_funcs],
         train_dataset=datasets.Dataset.from_list(rows),
         args=args,
     )

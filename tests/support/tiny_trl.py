@@ -76,10 +76,10 @@ def tiny_llama(tokenizer: Any) -> Any:
 def two_step_grpo_config(output_dir: str | Path, **extra: Any) -> Any:
     """A `trl.GRPOConfig` for 2 GRPO steps of 6 completions each (3 prompts x 2 generations),
     logged every step with TRL's completions tables (`output_dir/completions/*.parquet`), on
-    the CPU, seeded, saving nothing; `extra`: more GRPOConfig keywords."""
+    the CPU, seeded, saving nothing; `extra`: GRPOConfig keywords added or overridden."""
     import trl
 
-    return trl.GRPOConfig(
+    settings: dict[str, Any] = dict(
         output_dir=str(output_dir),
         per_device_train_batch_size=6,
         num_generations=2,
@@ -92,5 +92,5 @@ def two_step_grpo_config(output_dir: str | Path, **extra: Any) -> Any:
         use_cpu=True,
         bf16=False,
         seed=0,
-        **extra,
     )
+    return trl.GRPOConfig(**{**settings, **extra})
