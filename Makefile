@@ -51,7 +51,7 @@ dev: $(DEV) $(VERL)
 $(DEV): pyproject.toml $(DEV_LOCK)
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,ray,verifiers]' --group test-trl $(call constrain,$(DEV_LOCK))
+	$(PY) -m pip install -q -e '.[dev,ray,verifiers,skyrl]' --group test-trl $(call constrain,$(DEV_LOCK))
 	touch $@
 
 # tests/test_verl.py runs verl 0.9.1 in a venv of its own (pyproject group test-verl, torch

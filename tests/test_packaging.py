@@ -41,6 +41,8 @@ def test_wheel_ships_the_proto_and_generated_code_under_the_namespace(wheel):
         "nemo_gym_grpc/cli/__init__.py",
         "nemo_gym_grpc/rewards/__init__.py",
         "nemo_gym_grpc/rewards/verifiers/taskset.py",
+        "nemo_gym_grpc/rewards/skyrl/env.py",
+        "nemo_gym_grpc/rewards/trl/unscorable.py",
         # verifiers' loader takes a taskset id as one top-level module (docs/verifiers.md)
         "nemo_gym_grpc_verifiers/__init__.py",
     ):
