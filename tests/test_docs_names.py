@@ -4,7 +4,8 @@ names of `from nemo_gym_grpc... import ...` lines, and the attribute a verl conf
 to its `pkg://` module. A gRPC service name (`nemo_gym_grpc.v1.VerifyService`) must be a
 service of the contract. Names in verl_manager (which imports verl) resolve in verl's venv,
 those of the axolotl plugin (which imports axolotl) in axolotl's (tests/support/axolotl_venv.py;
-skipped where it is not built, failed in CI, as tests/test_axolotl.py)."""
+skipped where it is not built, failed in CI, as tests/test_axolotl.py), those of the SkyRL
+generator (which imports skyrl) in skyrl's (tests/support/skyrl_venv.py), alike."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from google.protobuf import descriptor_pool
 
 from nemo_gym_grpc.v1 import rollout_pb2, session_pb2, verify_pb2  # noqa: F401 (in the pool)
 from tests.stacks_common import VERL_PYTHON
-from tests.support.axolotl_venv import OVERLAY
+from tests.support.axolotl_venv import AXOLOTL
+from tests.support.skyrl_venv import SKYRL
+from tests.support.trainer_venv import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -29,6 +32,7 @@ FROM_IMPORT = re.compile(r"from (nemo_gym_grpc[\w.]*) import ([\w, ]+)")
 PKG_THEN_NAME = re.compile(r"pkg://(nemo_gym_grpc[\w.]+)\s*\n[#\s]*[\w.]*\.name=(\w+)")
 NEEDS_VERL = "nemo_gym_grpc.rewards.verl_manager"
 NEEDS_AXOLOTL = "nemo_gym_grpc.rewards.axolotl."
+NEEDS_SKYRL = "nemo_gym_grpc.rewards.skyrl.generator"
 
 
 def shown_names() -> list[str]:
@@ -73,7 +77,8 @@ def test_the_docs_show_the_public_names():
 
 
 @pytest.mark.parametrize(
-    "name", [n for n in shown_names() if not n.startswith((NEEDS_VERL, NEEDS_AXOLOTL))]
+    "name",
+    [n for n in shown_names() if not n.startswith((NEEDS_VERL, NEEDS_AXOLOTL, NEEDS_SKYRL))],
 )
 def test_each_name_the_docs_show_resolves(name):
     if name.startswith("nemo_gym_grpc.bridge.ray."):
@@ -101,14 +106,27 @@ def test_the_verl_names_the_docs_show_resolve_in_verls_venv():
     resolves_in(VERL_PYTHON, max(names))
 
 
-def test_the_axolotl_plugin_names_the_docs_show_resolve_in_axolotls_venv():
-    names = [n for n in shown_names() if n.startswith(NEEDS_AXOLOTL)]
-    assert names
-    python = OVERLAY / "bin" / "python"
+def trainer_python(trainer: Trainer) -> Path:
+    """The interpreter of `trainer`'s overlay venv (skipped where it is not built, failed in
+    CI)."""
+    python = trainer.overlay / "bin" / "python"
     if not python.exists():
-        missing = f"{python} missing: `python -m tests.support ensure-axolotl` builds it"
+        missing = f"{python} missing: `python -m tests.support ensure-{trainer.name}` builds it"
         if os.environ.get("CI"):
             pytest.fail(missing, pytrace=False)
         pytest.skip(missing)
+    return python
+
+
+def test_the_axolotl_plugin_names_the_docs_show_resolve_in_axolotls_venv():
+    names = [n for n in shown_names() if n.startswith(NEEDS_AXOLOTL)]
+    assert names
+    python = trainer_python(AXOLOTL)
     for name in names:
         resolves_in(python, name)
+
+
+def test_the_skyrl_generator_names_the_docs_show_resolve_in_skyrls_venv():
+    names = [n for n in shown_names() if n.startswith(NEEDS_SKYRL)]
+    assert names
+    resolves_in(trainer_python(SKYRL), max(names))  # the class, through its module

@@ -4,6 +4,9 @@
   `init`, the model's tool calls run in it at each `step`, verified in it at the last;
   `NemoGymEnvError` for a step that failed for reasons not the model's.
 - `turns`: the model's tool calls read from its text, and the episode as a Responses object.
+- `generator`: `NemoGymGenerator`, a SkyRL generator whose trajectories are whole NeMo Gym
+  agent rollouts (`RunStream`); needs skyrl itself. `trajectories`: rollouts -> its output
+  fields, a failed rollout's group masked.
 
 `register()` makes the env known to skyrl_gym; call it where SkyRL makes its envs (its
 entrypoint) and choose it with `environment.env_class=nemo_gym`.

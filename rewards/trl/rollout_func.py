@@ -40,7 +40,7 @@ from nemo_gym_grpc.rewards.client import policy, rollouts, settings
 from nemo_gym_grpc.rewards.client.outcomes import Failure, RunOutcome
 from nemo_gym_grpc.rewards.trl import logs
 from nemo_gym_grpc.rewards.trl.rows import RowIndex, nemo_gym_row, trainer_datasets
-from nemo_gym_grpc.rewards.trl.stitch import Sample, StitchError, failed_sample, stitch
+from nemo_gym_grpc.rewards.trl.stitch import failed_sample, sample_of
 
 log = logging.getLogger("nemo_gym_grpc.rewards")
 
@@ -58,17 +58,6 @@ def eos_token_id(trainer: Any) -> int:
     if not isinstance(eos, int):
         raise ValueError("the trainer's tokenizer has no eos_token_id (a failed rollout needs one)")
     return eos
-
-
-def sample_of(outcome: RunOutcome) -> Sample | Failure:
-    """The training sample of a rollout's outcome, or why there is none (a `Failure`, its
-    own or INTERNAL with the `StitchError`'s reason)."""
-    if isinstance(outcome, Failure):
-        return outcome
-    try:
-        return stitch(outcome.rollout.turns)
-    except StitchError as exc:
-        return Failure("INTERNAL", exc.reason, str(exc))
 
 
 def rollout_output(

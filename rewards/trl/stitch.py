@@ -29,7 +29,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from nemo_gym_grpc.rewards.client.outcomes import LOGPROBS_MISMATCH, NO_TOKENS, TURNS_NOT_CONTIGUOUS
+from nemo_gym_grpc.rewards.client.outcomes import (
+    LOGPROBS_MISMATCH,
+    NO_TOKENS,
+    TURNS_NOT_CONTIGUOUS,
+    Failure,
+    RunOutcome,
+)
 
 
 class TurnTokens(Protocol):
@@ -147,3 +153,14 @@ def failed_sample(eos_token_id: int, prompt_ids: Sequence[int] | None = None) ->
     NaN (the caller's part): no token of it trains, and it takes no part in the baseline."""
     prompt = list(prompt_ids) if prompt_ids else [eos_token_id]
     return Sample(prompt, [eos_token_id], [0], [0.0], num_turns=0)
+
+
+def sample_of(outcome: RunOutcome) -> Sample | Failure:
+    """The training sample of a rollout's outcome, or why there is none (a `Failure`, its
+    own or INTERNAL with the `StitchError`'s reason)."""
+    if isinstance(outcome, Failure):
+        return outcome
+    try:
+        return stitch(outcome.rollout.turns)
+    except StitchError as exc:
+        return Failure("INTERNAL", exc.reason, str(exc))

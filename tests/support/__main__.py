@@ -6,6 +6,7 @@ python -m tests.support run [SERVER ...]     # start servers, print URLs; Ctrl-C
 python -m tests.support agents [--policy-delay S] [--tool-turns N]
                                              # the agent stack (agents.py), print URLs; Ctrl-C stops
 python -m tests.support ensure-axolotl       # build (or find) the axolotl venv (axolotl_venv.py)
+python -m tests.support ensure-skyrl         # build (or find) the skyrl venv (skyrl_venv.py)
 python -m tests.support refresh-locks        # write tests/locks/ anew (`make lock`, locks.py)
 
 Each NeMo Gym command takes --version 0.7.0 | 0.4.0 (default: env NEMO_GYM_VERSION, else 0.7.0).
@@ -33,7 +34,9 @@ from tests.support import (
     locks,
     venv_version,
 )
-from tests.support.axolotl_venv import AXOLOTL_VERSION, ensure_axolotl
+from tests.support.axolotl_venv import AXOLOTL
+from tests.support.skyrl_venv import SKYRL
+from tests.support.trainer_venv import ensure as ensure_trainer
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,10 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     servers are unavailable."""
     args = command_line().parse_args(argv)
     try:
-        if args.command == "ensure-axolotl":
+        if args.command in ("ensure-axolotl", "ensure-skyrl"):
+            trainer = AXOLOTL if args.command == "ensure-axolotl" else SKYRL
             started = time.monotonic()
-            python = ensure_axolotl()
-            print(f"{python} ready: axolotl {AXOLOTL_VERSION} ({time.monotonic() - started:.1f} s)")
+            python = ensure_trainer(trainer)
+            seconds = time.monotonic() - started
+            print(f"{python} ready: {trainer.name} {trainer.version} ({seconds:.1f} s)")
         elif args.command == "refresh-locks":
             locks.refresh()
         elif args.command == "find-python":
@@ -80,6 +85,7 @@ def command_line() -> argparse.ArgumentParser:
         "agents", help="start the agent stack (scripted policy), print URLs; Ctrl-C stops it"
     )
     commands.add_parser("ensure-axolotl", help="build (or find) the cached axolotl venv")
+    commands.add_parser("ensure-skyrl", help="build (or find) the cached skyrl venv")
     commands.add_parser("refresh-locks", help="write the test venvs' lock files anew (make lock)")
     agents.add_argument("--policy-delay", type=float, default=0.0, help="s per model call")
     agents.add_argument("--tool-turns", type=int, default=1, help="tool calls per rollout")

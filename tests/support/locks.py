@@ -50,7 +50,7 @@ def built_from(marker: Path, lock: Path | None) -> bool:
 
 def digest(path: Path) -> str:
     """A short digest of a file's content: a cached venv records those it was built from and
-    is rebuilt when one changes (here and in axolotl_venv.py)."""
+    is rebuilt when one changes (here and in trainer_venv.py)."""
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
