@@ -31,6 +31,7 @@ from nemo_gym_grpc.rewards.skyrl.env import NemoGymEnvError
 from tests.support import example_rows, start_bridge
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.versions import selected_version
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0
 
@@ -132,20 +133,28 @@ def test_a_tool_or_verify_the_server_fails_raises_and_the_session_is_closed(
     target, proxy, nemo_gym_venv
 ):
     row = example_rows(WEATHER, nemo_gym_venv)[0]
-    closes = 1 if ON_07 else 0  # NemoGymEnv.close closes the session (0.4: no /close_session)
+    closes = 1 if ON_07 else 0  # 0.4 has no /close_session
     proxy.set_faults(Fault("status", path="/get_weather", status=500))  # counters zeroed
     try:
-        env = make(target, WEATHER, row)
-        with pytest.raises(NemoGymEnvError, match="tool failed") as raised:
-            episode(env, [call("get_weather", city="sf"), "Sunny."])
-        assert raised.value.step == "tool" and raised.value.failure.code == "INTERNAL"
-        assert closed(proxy) == closes
+        error = failing(make(target, WEATHER, row), [call("get_weather", city="sf"), "Sunny."])
+        assert error.step == "tool" and error.failure.code == "INTERNAL"
+        wait_until(lambda: closed(proxy) == closes, 10, "the session closed upstream")
         proxy.set_faults(Fault("status", path="/verify", status=503))
-        with pytest.raises(NemoGymEnvError, match="verify failed"):
-            episode(make(target, WEATHER, row), ["Sunny."])
-        assert closed(proxy) == closes
+        error = failing(make(target, WEATHER, row), ["Sunny."])
+        assert error.step == "verify"
+        wait_until(lambda: closed(proxy) == closes, 10, "the session closed upstream")
     finally:
         proxy.set_faults()
+
+
+def failing(env: Any, turns: list[str]) -> NemoGymEnvError:
+    """Drive `env` as SkyRL's agent loop does until a step raises (the loop then never calls
+    `close`: the env must have closed its session itself); what it raised."""
+    env.init([{"role": "user", "content": "..."}])
+    with pytest.raises(NemoGymEnvError) as raised:
+        for text in turns:
+            env.step(text)
+    return raised.value
 
 
 def closed(proxy: FaultProxy) -> int:

@@ -15,7 +15,8 @@ an embedded bridge on `NEMO_GYM_HEAD_URL` (rewards/client/settings.py).
 
 A step that fails for reasons not the model's (the session cannot be opened or was lost, a tool
 or `/verify` failed upstream, a masked sample) raises `NemoGymEnvError`, never returns a reward:
-SkyRL's generator has no way for an env to mask a sample, and a reward of 0.0 would train. A
+SkyRL's generator has no way for an env to mask a sample, and a reward of 0.0 would train; the
+session is closed first (SkyRL's agent loop does not close an env whose step raised). A
 tool call that is the model's mistake (no such tool, arguments the server refuses, a malformed
 call) is answered to the model as the tool's output, and the episode goes on.
 """
@@ -142,6 +143,7 @@ class NemoGymEnv(BaseTextEnv):
         except SessionError as exc:
             failure = exc.failure
             if failure.reason != UNKNOWN_TOOL and failure.code != "INVALID_ARGUMENT":
+                self.close()  # SkyRL's agent loop does not close an env whose step raised
                 raise NemoGymEnvError("tool", exc) from None
             self.model_mistakes += 1
             result = f"{exc.failure.cause}: {exc.failure.message}"
@@ -157,6 +159,7 @@ class NemoGymEnv(BaseTextEnv):
                 response=response, row=self.row, close=True, timeout=self.timeout
             )
         except SessionError as exc:
+            self.close()
             raise NemoGymEnvError("verify", exc) from None
         self.session = None  # closed by the verify
         components = dict(result.reward_components)
