@@ -27,6 +27,7 @@ from typing import Any
 
 import psutil
 
+from benchmarks.tables import write_rows
 from nemo_gym_grpc.rewards.client.sessions import AsyncSessionClient, SessionError
 from tests.support import NemoGymServers, start_bridge
 from tests.support.prometheus_scrape import metrics_url, scrape, value
@@ -115,13 +116,7 @@ def main() -> None:
             for count in (int(n) for n in args.sessions.split(",")):
                 rows.append(run_count(bridge, server_port, count))
                 print(json.dumps(rows[-1]), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sessions_scale.json").write_text(json.dumps(rows, indent=1))
-    keys = list(rows[0])
-    table = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    table += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in rows]
-    (args.out / "sessions_scale.md").write_text("\n".join(table) + "\n")
-    print("\n".join(table))
+    print(write_rows(args.out, "sessions_scale", rows), end="")
 
 
 if __name__ == "__main__":

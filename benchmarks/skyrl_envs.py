@@ -28,6 +28,7 @@ from typing import Any
 import requests
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
+from benchmarks.tables import write_rows
 from nemo_gym_grpc.rewards.skyrl.env import NemoGymEnv
 from nemo_gym_grpc.rewards.skyrl.turns import Episode, ToolCall, tool_calls
 from tests.support import NemoGymServers, example_rows, start_bridge
@@ -135,13 +136,7 @@ def main() -> None:
                 }
                 results.append(row)
                 print(json.dumps(row), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "skyrl_envs.json").write_text(json.dumps(results, indent=1))
-    keys = list(results[0])
-    table = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    table += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in results]
-    (args.out / "skyrl_envs.md").write_text("\n".join(table) + "\n")
-    print("\n".join(table))
+    print(write_rows(args.out, "skyrl_envs", results), end="")
 
 
 if __name__ == "__main__":
