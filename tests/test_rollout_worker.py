@@ -7,7 +7,6 @@ agent stack: tests/test_trl_async.py."""
 
 from __future__ import annotations
 
-import tempfile
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,11 +83,11 @@ def test_a_refused_token_stops_the_worker_and_check_health_says_why(bridge, monk
     assert "UNAUTHENTICATED" in str(failed.value.__cause__)
 
 
-def test_stop_counts_the_rollouts_it_cancels_and_the_groups_it_cuts(monkeypatch):
+def test_stop_counts_the_rollouts_it_cancels_and_the_groups_it_cuts(monkeypatch, tmp_path):
     """An agent that never answers (a scripted one: `hang`) holds 4 rollouts of 2 groups until
     stop(), which counts them as cancelled and their groups as unfinished and dropped."""
     monkeypatch.setenv("NEMO_GYM_GRPC_TOKEN", TOKEN)
-    token = Path(tempfile.mkdtemp(prefix="worker_token_")) / "token"
+    token = tmp_path / "token"
     token.write_text(TOKEN)
     with FaultProxy(None) as agent:
         agent.set_faults(Fault("hang"))
