@@ -21,7 +21,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ import aiohttp
 
 from nemo_gym_grpc.bridge.nemo_gym.correlation import ROLLOUT_PREFIX
 from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, RESET_PATH, SEED_PATH, STEP_PATH
-from nemo_gym_grpc.bridge.nemo_gym.tool_schemas import dig, function_tool
+from nemo_gym_grpc.bridge.nemo_gym.tool_schemas import dig, function_tool, refs
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def read_openapi(doc: Mapping[str, Any]) -> Capabilities:
     is not there is not supported."""
     paths = doc.get("paths")
     paths = paths if isinstance(paths, Mapping) else {}
-    seeds = set(_refs(dig(paths, SEED_PATH, "post", "requestBody", "content")))
+    seeds = set(refs(dig(paths, SEED_PATH, "post", "requestBody", "content")))
     tools = sorted(
         ((str(path)[1:], methods["post"])
         for path, methods in paths.items()
@@ -206,16 +206,3 @@ class Catalog:
             return reply.status, json.loads(raw)
         except ValueError:
             return reply.status, None
-
-
-def _refs(value: Any) -> Iterator[str]:
-    """The schema names of every `$ref` under `value` ("#/components/schemas/X" -> "X")."""
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if key == "$ref" and isinstance(item, str):
-                yield item.rsplit("/", 1)[-1]
-            else:
-                yield from _refs(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _refs(item)

@@ -43,7 +43,7 @@ def parameters(schema: Mapping[str, Any], doc: Mapping[str, Any]) -> dict[str, A
     components = components if isinstance(components, Mapping) else {}
     top = dict(_target(schema, components) or schema)
     defs: dict[str, Any] = {}
-    pending = list(_refs(top))
+    pending = list(refs(top))
     result: dict[str, Any] = _rewrite(top)
     while pending:
         name = pending.pop()
@@ -51,7 +51,7 @@ def parameters(schema: Mapping[str, Any], doc: Mapping[str, Any]) -> dict[str, A
             continue
         found = components.get(name)
         defs[name] = _rewrite(found) if isinstance(found, Mapping) else {}
-        pending.extend(_refs(found))
+        pending.extend(refs(found))
     if defs:
         result["$defs"] = defs
     return result
@@ -79,18 +79,19 @@ def _rewrite(value: Any) -> Any:
     return value
 
 
-def _refs(value: Any) -> list[str]:
-    """The component names `value`'s `$ref`s name, in order."""
+def refs(value: Any) -> list[str]:
+    """The schema names of every `$ref` under `value` into `components.schemas`, in order
+    ("#/components/schemas/X" -> "X")."""
     if isinstance(value, Mapping):
         found = []
         for key, item in value.items():
             if key == "$ref" and isinstance(item, str) and item.startswith(COMPONENTS):
                 found.append(item[len(COMPONENTS) :])
             else:
-                found.extend(_refs(item))
+                found.extend(refs(item))
         return found
     if isinstance(value, list):
-        return [name for item in value for name in _refs(item)]
+        return [name for item in value for name in refs(item)]
     return []
 
 

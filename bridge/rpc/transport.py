@@ -7,7 +7,7 @@ import grpc
 
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
 
-# Calls gRPC's core may hold that arrived before the bridge picked them up, at the least.
+# The fewest calls gRPC's core may hold that arrived but that the bridge has not picked up yet.
 # Past its defaults (1,000, dropping at random up to 3,000) a burst of calls on one connection
 # loses calls with a bare CANCELLED, and grpc.aio picks calls up one at a time: one client that
 # opened 4,000 sessions at once lost a third of them (tests/test_call_bursts.py).
