@@ -35,6 +35,7 @@ import yaml
 from tests.support import NoSuitablePython, example_rows, grpo, toy_chat
 from tests.support.axolotl_venv import ensure_axolotl
 from tests.support.errors import NemoGymError
+from tests.support.missing import missing
 from tests.support.policy_model import Knobs
 from tests.test_rollouts_client import masked_row, run_over_http, weather_rows
 from tests.test_trl import verify_over_http
@@ -55,9 +56,7 @@ def axolotl_python() -> Path:
     try:
         return ensure_axolotl()
     except (NoSuitablePython, NemoGymError) as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"axolotl unavailable: {exc}", pytrace=False)
-        pytest.skip(f"axolotl unavailable: {exc}")
+        missing(f"axolotl unavailable: {exc}")
 
 
 def doc_config(name: str) -> dict[str, Any]:

@@ -10,7 +10,6 @@ generator (which imports skyrl) in skyrl's (tests/support/skyrl_venv.py), alike.
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -21,6 +20,7 @@ from google.protobuf import descriptor_pool
 from nemo_gym_grpc.v1 import rollout_pb2, session_pb2, verify_pb2  # noqa: F401 (in the pool)
 from tests.stacks_common import VERL_PYTHON
 from tests.support.axolotl_venv import AXOLOTL
+from tests.support.missing import missing
 from tests.support.skyrl_venv import SKYRL
 from tests.support.trainer_venv import Trainer
 
@@ -111,10 +111,7 @@ def trainer_python(trainer: Trainer) -> Path:
     CI)."""
     python = trainer.overlay / "bin" / "python"
     if not python.exists():
-        missing = f"{python} missing: `python -m tests.support ensure-{trainer.name}` builds it"
-        if os.environ.get("CI"):
-            pytest.fail(missing, pytrace=False)
-        pytest.skip(missing)
+        missing(f"{python} missing: `python -m tests.support ensure-{trainer.name}` builds it")
     return python
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import example_rows
+from tests.support.missing import missing
 
 NODE_DIR = Path(__file__).parent / "node"
 # Exact versions: the client the contract is checked against does not drift between runs.
@@ -31,10 +32,7 @@ NPM_PACKAGES = ("@grpc/grpc-js@1.14.7", "@grpc/proto-loader@0.8.1", "protobufjs@
 def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        message = f"{name} is not on PATH (the Node.js conformance test needs node and npm)"
-        if os.environ.get("CI"):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        missing(f"{name} is not on PATH (the Node.js conformance test needs node and npm)")
     return path
 
 

@@ -9,22 +9,19 @@ A FaultProxy in front of example_single_tool_call fails a tool call and a verify
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
+from tests.support.missing import missing
+
 try:
-    skyrl_gym = importlib.import_module("skyrl_gym")
-except ImportError as exc:  # as tests/test_trl.py: a failure in CI, a skip in a smaller venv
-    message = f"skyrl-gym is not installed ({exc}); pip install '.[skyrl]'"
-    if os.environ.get("CI"):
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message, allow_module_level=True)
+    import skyrl_gym
+except ImportError as exc:
+    missing(f"skyrl-gym is not installed ({exc}); pip install '.[skyrl]'", module_level=True)
 
 from nemo_gym_grpc.rewards.skyrl import register
 from nemo_gym_grpc.rewards.skyrl.env import NemoGymEnvError

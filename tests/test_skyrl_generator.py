@@ -8,13 +8,13 @@ come back `mask_sample: true`; the policy model is scripted: no LLM runs here).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.support.errors import NemoGymError, NoSuitablePython
+from tests.support.missing import missing
 from tests.support.skyrl_venv import ensure_skyrl
 from tests.support.toy_chat import EOS
 from tests.test_rollouts_client import masked_row, weather_rows
@@ -28,10 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def skyrl_python() -> Path:
     try:
         return ensure_skyrl()
-    except (NoSuitablePython, NemoGymError) as exc:  # a failure in CI, a skip elsewhere
-        if os.environ.get("CI"):
-            pytest.fail(f"the skyrl venv: {exc}", pytrace=False)
-        pytest.skip(f"the skyrl venv: {exc}")
+    except (NoSuitablePython, NemoGymError) as exc:
+        missing(f"the skyrl venv: {exc}")
 
 
 def generate(python: Path, target: str, rows: list[dict], ids: list[tuple[str, int]]) -> dict:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
-import os
 import re
 import time
 from typing import Any
@@ -33,18 +32,13 @@ import pytest
 import requests
 
 from nemo_gym_grpc.rewards.client import settings
+from tests.support.missing import require
 
 pytestmark = pytest.mark.compat  # also runs on NeMo Gym 0.4.0 (`make test`, second phase)
 
 
 def _import(name: str):
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        message = f"{name} is not installed ({exc}); install torch==2.13.0, trl and transformers"
-        if os.environ.get("CI"):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message, allow_module_level=True)
+    return require(name, "install torch==2.13.0, trl and transformers")
 
 
 def _trl_stack():
