@@ -144,8 +144,8 @@ class Coalescer:
 
     verl's reward loop and slime await a one-item reward function for every sample at once
     (512 calls for a 512-sample batch); one stream each would be slow and exceed the bridge's
-    concurrent stream limit (`--max-streams`, 256 by default: RESOURCE_EXHAUSTED). A batch is
-    also sent as soon as it holds `max_batch` items. If the call raises, or `batch_check`
+    concurrent stream limit (`--max-streams`: the excess waits, then RESOURCE_EXHAUSTED). A
+    batch is also sent as soon as it holds `max_batch` items. If the call raises, or `batch_check`
     (given the call's outcomes) does, every caller in it gets the error.
     """
 

@@ -187,7 +187,7 @@ async def test_over_http_a_one_at_a_time_server_gets_its_queue_not_the_ceiling()
             verifier = verifier_for(Upstreams({"s": server.url}), session)
             results = await asyncio.gather(*(verifier.verify(i, None) for i in items))
             (replica,) = verifier.balancer.replicas()
-            verifier.metrics.watch(verifier.balancer, lambda: 0, ReplyBudget(1 << 20))
+            verifier.metrics.watch(verifier.balancer, lambda: (0, 0), ReplyBudget(1 << 20))
             exported = generate_latest(verifier.metrics.registry).decode()
     assert all(r.reward == 1.0 for r in results), [r.error for r in results if r.error.code]
     assert replica.limit is not None and replica.limit.limit <= QUEUE_HIGH + 8, replica.limit.limit

@@ -188,24 +188,55 @@ def test_cli_refuses_a_non_loopback_listen_address_before_binding():
 # --- limits ------------------------------------------------------------------------------
 
 
-def test_stream_limit_answers_resource_exhausted_naming_the_flag(start_bridge, nemo_gym):
+def _held_open(first_item: str, release: threading.Event):
+    """A VerifyStream's messages: one item, then an empty message every 0.2 s (so the stream
+    is never idle) until `release`."""
+    yield verify_pb2.VerifyStreamRequest(items=[mcqa_request(first_item)])
+    while not release.wait(0.2):
+        yield verify_pb2.VerifyStreamRequest()
+
+
+def test_stream_over_the_limit_waits_for_a_place(start_bridge, nemo_gym):
     bridge = start_bridge("--head-url", nemo_gym.head_url, "--max-streams", "1")
     release = threading.Event()
+    answered: list[tuple[str, bool]] = []  # (request_id, whether `release` was set by then)
 
-    def held_open():
-        yield verify_pb2.VerifyStreamRequest(items=[mcqa_request("held")])
-        release.wait(30)
+    def second_stream(stub):
+        for response in stub.VerifyStream(iter([verify_pb2.VerifyStreamRequest(
+            items=[mcqa_request("waited")]
+        )]), timeout=60):  # fmt: skip
+            answered.extend((r.request_id, release.is_set()) for r in response.results)
 
     with grpc.insecure_channel(bridge.target) as channel:
         stub = verify_pb2_grpc.VerifyServiceStub(channel)
-        first = stub.VerifyStream(held_open(), timeout=60)
+        first = stub.VerifyStream(_held_open("held", release), timeout=60)
+        assert next(first).results[0].request_id == "held"  # the first stream holds the place
+        waiting = threading.Thread(target=second_stream, args=(stub,))
+        waiting.start()
+        # the second stream is not read while it waits: its item is not scored yet
+        assert not release.wait(1.0) and answered == []
+        release.set()
+        assert list(first) == []
+        waiting.join(30)
+    assert answered == [("waited", True)]
+
+
+def test_stream_that_waited_too_long_is_resource_exhausted_naming_the_flag(start_bridge, nemo_gym):
+    bridge = start_bridge(
+        "--head-url", nemo_gym.head_url, "--max-streams", "1", "--stream-idle-timeout", "1"
+    )
+    release = threading.Event()
+    with grpc.insecure_channel(bridge.target) as channel:
+        stub = verify_pb2_grpc.VerifyServiceStub(channel)
+        first = stub.VerifyStream(_held_open("held", release), timeout=60)
         assert next(first).results[0].request_id == "held"  # the first stream is open
         with pytest.raises(grpc.RpcError) as refused:
             list(stub.VerifyStream(iter([verify_pb2.VerifyStreamRequest()]), timeout=10))
-        assert _refused_stream_codes(bridge.target) == {"RESOURCE_EXHAUSTED"}
+        assert _refused_stream_codes(bridge.target, calls=3) == {"RESOURCE_EXHAUSTED"}
         release.set()
         assert list(first) == []
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "waited 1 s" in refused.value.details()
     assert "--max-streams" in refused.value.details()
 
 

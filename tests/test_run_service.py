@@ -1,7 +1,7 @@
 """The RolloutService's place in a real bridge process, without NeMo Gym: the token, the stream
-cap (--max-streams counts RunStream and VerifyStream together), the batch limit, health,
-reflection, ListAgents of static entries, and the flags' checks. The agents here are closed
-ports (nothing needs to answer)."""
+cap (--max-streams counts RunStream and VerifyStream together; one over it waits, here 1 s),
+the batch limit, health, reflection, ListAgents of static entries, and the flags' checks. The
+agents here are closed ports (nothing needs to answer)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ def bridge(tmp_path_factory) -> Iterator[BridgeProcess]:
     args = ["--agent", f"down=http://127.0.0.1:{closed_port()}"]
     args += ["--environment-server", f"episodes=http://127.0.0.1:{closed_port()}"]
     args += ["--token-file", str(token), "--max-streams", "1", "--max-batch-items", "3"]
+    args += ["--stream-idle-timeout", "1"]  # a stream over the cap waits 1 s for a place
     with start_bridge(*args) as bridge:
         yield bridge
 
@@ -94,7 +95,8 @@ def test_max_streams_counts_run_and_verify_streams_together(channel):
     def held() -> Iterator[rollout_pb2.RunStreamRequest]:
         yield rollout_pb2.RunStreamRequest(items=[run_request("h1", "down", {})])
         started.set()
-        release.wait(30)
+        while not release.wait(0.2):  # a message now and then: the stream is not idle
+            yield rollout_pb2.RunStreamRequest()
 
     first = rollouts.RunStream(held(), timeout=60, metadata=AUTH)
     first_results = iter(first)

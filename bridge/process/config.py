@@ -191,9 +191,10 @@ class BridgeConfig:
     )
     max_streams: int = option(
         "--max-streams",
-        "most concurrent VerifyStream calls",
+        "most concurrent VerifyStream and RunStream calls together; more wait for a place, "
+        "unread, up to --stream-idle-timeout (within their deadline), then RESOURCE_EXHAUSTED",
         type=positive_int,
-        default=256,
+        default=64,
         metavar="N",
     )
     max_stream_bytes: int = option(
@@ -210,7 +211,7 @@ class BridgeConfig:
         "MiB of items and unsent results of all streams and unary calls together past which "
         "no stream reads a further message and no unary call starts until results go out",
         type=positive_float,
-        default=4096.0,
+        default=2048.0,
         metavar="MIB",
         convert=lambda mb: int(mb * MiB),
     )
@@ -218,7 +219,7 @@ class BridgeConfig:
         "--stream-idle-timeout",
         "seconds a VerifyStream or RunStream may hold no item and receive no message before "
         "the bridge ends it UNAVAILABLE / STREAM_IDLE (so idle clients cannot keep the "
-        "--max-streams places); 0 = never",
+        "--max-streams places), and the longest a stream waits for such a place; 0 = never",
         type=non_negative_float,
         default=300.0,
         metavar="SECONDS",

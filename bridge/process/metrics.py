@@ -20,7 +20,8 @@
 - `nemo_gym_grpc_upstream_limit` / `nemo_gym_grpc_upstream_no_load_seconds` (gauges):
   each replica's adaptive limit and the no-load latency it was found from (`flows/limits.py`;
   none with `--fixed-concurrency`), by `upstream`;
-- `nemo_gym_grpc_active_streams` (gauge): open VerifyStream and RunStream calls;
+- `nemo_gym_grpc_active_streams` / `nemo_gym_grpc_streams_waiting` (gauges): VerifyStream
+  and RunStream calls open / waiting for a place (`--max-streams`);
 - `nemo_gym_grpc_reply_bytes` / `nemo_gym_grpc_replies_waiting` (gauges): bytes of NeMo Gym
   reply bodies reserved for reading now / replies waiting for room (`--max-replies-mb`,
   `nemo_gym.replies`);
@@ -120,12 +121,12 @@ class Metrics:
         self._children: dict[tuple[str, ...], Any] = {}
 
     def watch(
-        self, balancer: Balancer, active_streams: Callable[[], int], replies: ReplyBudget
+        self, balancer: Balancer, streams: Callable[[], tuple[int, int]], replies: ReplyBudget
     ) -> None:
-        """Report the load gauges from `balancer`'s replicas, `active_streams()` and
-        `replies` at each scrape (read from the live counters, so they cannot drift from
-        them)."""
-        self.registry.register(_LoadCollector(balancer, active_streams, replies))
+        """Report the load gauges from `balancer`'s replicas, `streams()` (open, waiting for
+        a place) and `replies` at each scrape (read from the live counters, so they cannot
+        drift from them)."""
+        self.registry.register(_LoadCollector(balancer, streams, replies))
 
     def watch_rollouts(self, load: Callable[[], Mapping[str, tuple[int, int, int]]]) -> None:
         """Report the rollout gauges from `load()`: {agent: (in flight, waiting, straggling)},
@@ -188,10 +189,10 @@ class Metrics:
 
 class _LoadCollector:
     def __init__(
-        self, balancer: Balancer, active_streams: Callable[[], int], replies: ReplyBudget
+        self, balancer: Balancer, streams: Callable[[], tuple[int, int]], replies: ReplyBudget
     ) -> None:
         self._balancer = balancer
-        self._active_streams = active_streams
+        self._streams = streams
         self._replies = replies
 
     def collect(self) -> Iterator[Metric]:
@@ -222,10 +223,16 @@ class _LoadCollector:
                 limit.add_metric([replica.url], replica.limit.limit)
                 no_load.add_metric([replica.url], replica.limit.no_load)
         yield from (in_flight, waiting, limit, no_load)
+        active, waiting_streams = self._streams()
         yield GaugeMetricFamily(
             "nemo_gym_grpc_active_streams",
             "Open VerifyStream and RunStream calls.",
-            value=self._active_streams(),
+            value=active,
+        )
+        yield GaugeMetricFamily(
+            "nemo_gym_grpc_streams_waiting",
+            "VerifyStream and RunStream calls waiting for a place (--max-streams).",
+            value=waiting_streams,
         )
         yield GaugeMetricFamily(
             "nemo_gym_grpc_reply_bytes",

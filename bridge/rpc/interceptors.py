@@ -116,22 +116,33 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
 
 
 class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
-    """Answers RESOURCE_EXHAUSTED to a VerifyStream or RunStream call (`contract.STREAM_METHODS`)
-    beyond `max_streams` open ones (all counted together).
+    """Holds VerifyStream and RunStream calls (`contract.STREAM_METHODS`) beyond `max_streams`
+    open ones (all counted together) until a place frees, first come first served, and answers
+    RESOURCE_EXHAUSTED to one that waited `max_wait` seconds.
 
-    grpc.aio's own `maximum_concurrent_rpcs` counts every RPC and answers "Concurrent RPC
-    limit exceeded!"; this counts only streams and names the limit and the flag that raises it.
+    A waiting call's messages are not read, so gRPC flow control holds its sender and it holds
+    no item (a few KiB of the transport's window at most): what `--max-streams` bounds is the
+    memory of streams that read (docs/operating.md, "Memory"). A call waits within its own
+    deadline too (past it the client sees DEADLINE_EXCEEDED). grpc.aio's own
+    `maximum_concurrent_rpcs` counts every RPC and refuses at once with "Concurrent RPC limit
+    exceeded!"; this counts only streams and its refusal names the limit and the flag.
 
     Args:
         max_streams: most concurrent stream calls (`--max-streams`).
+        max_wait: longest wait for a place in seconds (`--stream-idle-timeout`: a waiting
+            stream is an idle one); 0 = until the call's deadline.
 
     Attributes:
-        active: VerifyStream and RunStream calls open now.
+        active: VerifyStream and RunStream calls open now, holding a place.
+        waiting: calls waiting for a place.
     """
 
-    def __init__(self, max_streams: int) -> None:
+    def __init__(self, max_streams: int, max_wait: float = 0.0) -> None:
         self.max_streams = max_streams
+        self.max_wait = max_wait
         self.active = 0
+        self.waiting = 0
+        self._places = asyncio.Semaphore(max_streams)
 
     async def intercept_service(
         self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -145,13 +156,14 @@ class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
         async def limited(
             request_iterator: AsyncIterator[object], context: grpc.aio.ServicerContext
         ) -> AsyncIterator[object]:
-            if self.active >= self.max_streams:
+            if not await self._place():
                 await refuse_stream(
                     request_iterator,
                     context,
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"too many concurrent {rpc} calls: the limit is {self.max_streams} "
-                    f"{_STREAMS} calls together (raise it with --max-streams)",
+                    f"too many concurrent {rpc} calls: waited {self.max_wait:g} s for one of "
+                    f"the {self.max_streams} places of {_STREAMS} calls together (raise it "
+                    "with --max-streams)",
                 )
             self.active += 1
             try:
@@ -159,12 +171,28 @@ class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
                     yield response
             finally:
                 self.active -= 1
+                self._places.release()
 
         return grpc.stream_stream_rpc_method_handler(
             limited,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+    async def _place(self) -> bool:
+        """Take a place, waiting up to `max_wait` (0: without a bound of its own); False if
+        none freed in time."""
+        if not self._places.locked():
+            await self._places.acquire()
+            return True
+        self.waiting += 1
+        try:
+            await asyncio.wait_for(self._places.acquire(), self.max_wait or None)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self.waiting -= 1
 
 
 class _Oversized:

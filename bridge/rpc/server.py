@@ -115,7 +115,7 @@ async def build(config: BridgeConfig, client: http.Client) -> Bridge:
     """
     session = client.session
     upstreams, agents = _routing_tables(config, session)
-    stream_limit = StreamLimitInterceptor(config.max_streams)
+    stream_limit = StreamLimitInterceptor(config.max_streams, config.stream_idle_timeout)
     health_budget = HealthBudgetInterceptor(config.max_health_watches)
     interceptors: list[grpc.aio.ServerInterceptor] = [health_budget, stream_limit]
     if config.token:
@@ -123,7 +123,9 @@ async def build(config: BridgeConfig, client: http.Client) -> Bridge:
     server = grpc.aio.server(options=transport.grpc_options(config), interceptors=interceptors)
     metrics = Metrics()
     verifier, runner = _flows(config, client, upstreams, agents, metrics)
-    metrics.watch(verifier.balancer, lambda: stream_limit.active, client.replies)
+    metrics.watch(
+        verifier.balancer, lambda: (stream_limit.active, stream_limit.waiting), client.replies
+    )
     metrics.watch_rollouts(runner.load)
     budget = Budget(config.max_held_bytes)
     limits = {
