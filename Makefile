@@ -112,10 +112,11 @@ test: $(DEV) $(VERL)
 	@t=$$(date +%s); NEMO_GYM_VERSION=0.4.0 $(PY) -m pytest -m compat $(PYTEST_ARGS) && \
 	  echo "make test: NeMo Gym 0.4.0, compat subset: $$(( $$(date +%s) - t )) s"
 
-# The fast tier: every test that needs no NeMo Gym stack (tests/conftest.py's `nemo_gym` marker),
-# for every change, on every core (pytest-xdist); prints its time. PYTEST_ARGS passes options.
+# The fast tier: every test that needs no NeMo Gym stack (tests/conftest.py's `nemo_gym` marker)
+# and runs nothing in a trainer's venv (`trainer_venv`), for every change, on every core
+# (pytest-xdist); prints its time. PYTEST_ARGS passes options.
 fast: $(DEV)
-	@t=$$(date +%s); $(PY) -m pytest -m "not nemo_gym" -n auto $(PYTEST_ARGS) && \
+	@t=$$(date +%s); $(PY) -m pytest -m "not nemo_gym and not trainer_venv" -n auto $(PYTEST_ARGS) && \
 	  echo "make fast: $$(( $$(date +%s) - t )) s"
 
 $(DEMO_DEPS): pyproject.toml

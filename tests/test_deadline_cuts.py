@@ -71,7 +71,7 @@ async def test_an_item_waiting_for_a_slot_fails_at_its_deadline_not_when_the_slo
 ):
     async with aiohttp.ClientSession() as session:
         verifier = verifier_for(Upstreams({"slow": hanging.url}), session, max_in_flight=1)
-        holder = asyncio.ensure_future(answered_at(verifier, item("holder", 4.0), None))
+        holder = asyncio.ensure_future(answered_at(verifier, item("holder", 2.5), None))
         await asyncio.sleep(0.3)  # the holder has the only slot
         deadline = time.monotonic() + 1.0
         waiter, at = await answered_at(verifier, item("waiter"), deadline)
@@ -81,7 +81,7 @@ async def test_an_item_waiting_for_a_slot_fails_at_its_deadline_not_when_the_slo
     assert (waiter.error.code, detail.reason) == (code_pb2.DEADLINE_EXCEEDED, "UPSTREAM_TIMEOUT")
     assert "while waiting" in waiter.error.message and float(detail.metadata["queuedSeconds"]) > 0
     assert at < deadline, f"answered {at - deadline:.3f} s after its deadline"
-    assert info(held).reason == "UPSTREAM_TIMEOUT"  # its own 4 s, unaffected
+    assert info(held).reason == "UPSTREAM_TIMEOUT"  # its own 2.5 s, unaffected
     assert (replica.waiting, replica.in_flight) == (0, 0)  # nothing left counted
 
 

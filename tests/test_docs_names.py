@@ -98,6 +98,7 @@ def resolves_in(python: Path, name: str) -> None:
     assert done.stdout.strip() == attribute
 
 
+@pytest.mark.trainer_venv
 def test_the_verl_names_the_docs_show_resolve_in_verls_venv():
     names = [n for n in shown_names() if n.startswith(NEEDS_VERL)]
     assert names
@@ -115,6 +116,7 @@ def trainer_python(trainer: Trainer) -> Path:
     return python
 
 
+@pytest.mark.trainer_venv
 def test_the_axolotl_plugin_names_the_docs_show_resolve_in_axolotls_venv():
     names = [n for n in shown_names() if n.startswith(NEEDS_AXOLOTL)]
     assert names
@@ -123,6 +125,7 @@ def test_the_axolotl_plugin_names_the_docs_show_resolve_in_axolotls_venv():
         resolves_in(python, name)
 
 
+@pytest.mark.trainer_venv
 def test_the_skyrl_generator_names_the_docs_show_resolve_in_skyrls_venv():
     names = [n for n in shown_names() if n.startswith(NEEDS_SKYRL)]
     assert names

@@ -22,16 +22,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.missing import missing
-
-try:
-    import verifiers.v1  # noqa: F401 (the taskset's dependency, checked before it is needed)
-except ImportError as exc:
-    missing(f"verifiers is not installed ({exc}); pip install '.[verifiers]'", module_level=True)
-
 from tests.support import NemoGymServers, start_bridge
 from tests.support.agents import MASKED_RESOURCES, WEATHER_RESOURCES
 from tests.support.fault_proxy import Fault, FaultProxy
+from tests.support.missing import missing
 from tests.support.policy_model import Knobs, ScriptedPolicy
 from tests.support.prometheus_scrape import metrics_url, value, wait_for
 from tests.support.venv import resources_server_dir
@@ -40,6 +34,16 @@ from tests.support.vf_env import Served, run_episodes
 pytestmark = pytest.mark.nemo_gym_07  # the masked judge failure is 0.7's judge_failsafe
 
 TASKSET_ID = "nemo-gym-grpc-verifiers"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _verifiers_installed() -> None:
+    """verifiers, the taskset's dependency, checked before anything needs it (not at import:
+    collecting the tests need not spend its 2 s)."""
+    try:
+        import verifiers.v1  # noqa: F401
+    except ImportError as exc:
+        missing(f"verifiers is not installed ({exc}); pip install '.[verifiers]'")
 
 
 @pytest.fixture(scope="module")

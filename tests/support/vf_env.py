@@ -17,12 +17,8 @@ import os
 import signal
 from typing import Any
 
-from verifiers.v1.configs.client import EvalClientConfig
-from verifiers.v1.serve import EnvClient, env_config_data
-from verifiers.v1.types import SamplingConfig
-from verifiers.v1.utils.loaders import load_taskset, resolve_env_config
-
-from tests.support import vf_harness
+# verifiers (and vf_harness, built on it) are imported where used: 2 s that collecting the
+# tests, the fast tier's included, need not spend.
 
 SPAWN = multiprocessing.get_context("spawn")
 STARTUP_TIMEOUT = 120.0  # seconds for the env server process to report its address
@@ -34,6 +30,11 @@ class Served:
     orchestrator ships them (dumped TaskData), `address` its ZMQ address."""
 
     def __init__(self, taskset: dict[str, Any]) -> None:
+        from verifiers.v1.serve import env_config_data
+        from verifiers.v1.utils.loaders import load_taskset, resolve_env_config
+
+        from tests.support import vf_harness
+
         agent = {"harness": {"id": vf_harness.install()}, "runtime": {"type": "subprocess"}}
         config = resolve_env_config({"taskset": taskset, "agent": agent})
         self.data = [t.data.model_dump(mode="json") for t in load_taskset(config.taskset).load()]
@@ -59,6 +60,10 @@ class Served:
 async def run_episodes(address: str, model_url: str, data: list[dict]) -> list[Any]:
     """One episode per task data dict, all at once through one EnvClient (model `model_url`);
     the episodes' traces (one each), in order."""
+    from verifiers.v1.configs.client import EvalClientConfig
+    from verifiers.v1.serve import EnvClient
+    from verifiers.v1.types import SamplingConfig
+
     client = EnvClient(address)
     try:
         await client.wait_for_server_startup()
