@@ -1,7 +1,9 @@
 """Scenario 6 (issue 37): what each path costs a real NeMo Gym server. Real mcqa (one uvicorn
 process, CPU-bound), the server's own CPU (user + system) per item and items/s for the direct
-aiohttp fan-out (64 connections, the yardstick) and for `reward_nemo_gym_verify` through
-bridges that differ in one flag each; rounds rotate the order of the paths.
+aiohttp fan-out (64 connections, the yardstick), for `reward_nemo_gym_verify` through
+bridges that differ in one flag each, and for several bridges in front of the one server at
+once (`two_bridges`, `four_bridges`: as on that many Ray nodes, each told so with
+`--sharing-bridges`; `four_bridges_unshared`: not told); rounds rotate the order of the paths.
 
     python -m benchmarks.server_cost [--version 0.7.0] [--pinned] [--rounds 5] [--items 1000]
                                      [--paths defaults,fixed_256,fixed_8,...]
@@ -19,6 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -26,6 +29,8 @@ import psutil
 
 from benchmarks import clients, procs, scenarios
 from benchmarks.clients import Item
+from nemo_gym_grpc.rewards.client import stream
+from nemo_gym_grpc.rewards.client.outcomes import Failure
 from tests.support import NemoGymServers, example_rows, start_bridge
 
 # Path name -> the bridge flags that make it (the issue's table).
@@ -36,6 +41,10 @@ PATHS: dict[str, tuple[str, ...]] = {
     "no_rollout_correlation": ("--no-rollout-correlation",),
     **{f"fixed_{n}": ("--fixed-concurrency", str(n)) for n in (64, 32, 16, 8, 4)},
 }
+# Path name -> how many bridges share the server, each with `--sharing-bridges` that many (as
+# the Ray fleet starts them) or, `_unshared`, with their defaults.
+SHARED = {"two_bridges": 2, "four_bridges": 4, "four_bridges_unshared": 4}
+ALL_PATHS = [*PATHS, *SHARED]
 DIRECT_CONCURRENCY = 64
 SERVER_CPUS, CALLER_CPUS = {0}, {1}
 
@@ -64,16 +73,39 @@ def server_pid(gym: NemoGymServers, name: str) -> int:
     raise RuntimeError(f"no process of ng_run listens on {port}")
 
 
-def _measure(server: int, run: Callable[[], list], bridge: int, items: Sequence[Item]) -> dict:
+def shared(targets: Sequence[str], items: Sequence[Item]) -> list[float | None]:
+    """`items` through several bridges in front of one server at once: item i to bridge i mod
+    n, each bridge's part one `VerifyStream` (the requests the reward function builds, sent
+    on its route); the rewards in the items' order (None for a failure)."""
+    count = len(targets)
+
+    def score(index: int) -> list[float | None]:
+        requests = clients.grpc_requests(items[index::count], batch_id=f"bridge{index}")
+        outcomes = stream.Route.resolve(target=targets[index], timeout=600.0).send(
+            stream.VERIFY, requests
+        )
+        got = [outcomes[r.request_id] for r in requests]
+        return [None if isinstance(o, Failure) else o.reward for o in got]
+
+    rewards: list[float | None] = [None] * len(items)
+    with ThreadPoolExecutor(count) as pool:
+        for index, part in enumerate(pool.map(score, range(count))):
+            rewards[index::count] = part
+    return rewards
+
+
+def _measure(
+    server: int, run: Callable[[], list], bridges: Sequence[int], items: Sequence[Item]
+) -> dict:
     """One path's run: wall seconds, the server's and the callers' (this process and the
-    bridge, if any) CPU per item (us), items/s, wrong rewards."""
+    path's bridges) CPU per item (us), items/s, wrong rewards."""
     cpu0 = procs.cpu_mark(server).seconds
-    callers0 = _callers_cpu(bridge)
+    callers0 = _callers_cpu(bridges)
     started = time.perf_counter()
     rewards = run()
     seconds = time.perf_counter() - started
     cpu = procs.cpu_mark(server).seconds - cpu0
-    callers_cpu = _callers_cpu(bridge) - callers0
+    callers_cpu = _callers_cpu(bridges) - callers0
     wrong = scenarios.mismatches(rewards, items)
     return {
         "seconds": round(seconds, 4),
@@ -84,13 +116,13 @@ def _measure(server: int, run: Callable[[], list], bridge: int, items: Sequence[
     }
 
 
-def _callers_cpu(bridge: int) -> float:
-    """CPU seconds of this process (not its children: ng_run is one) and the bridge's tree."""
+def _callers_cpu(bridges: Sequence[int]) -> float:
+    """CPU seconds of this process (not its children: ng_run is one) and the bridges' trees."""
     own = psutil.Process().cpu_times()
-    return own.user + own.system + (procs.cpu_mark(bridge).seconds if bridge else 0.0)
+    return own.user + own.system + sum(procs.cpu_mark(pid).seconds for pid in bridges)
 
 
-Runs = dict[str, tuple[Callable[[], list], int]]
+Runs = dict[str, tuple[Callable[[], list], tuple[int, ...]]]
 
 
 def rounds(server: int, runs: Runs, items: Sequence[Item], count: int, log) -> list[dict]:
@@ -137,17 +169,27 @@ def server_cost(
         items = clients.make_items(example_rows("mcqa"), items_count)
         verify_url = gym.server_urls["mcqa"] + "/verify"
         server = server_pid(gym, "mcqa")
-        runs: Runs = {"direct": (lambda: clients.fanout(verify_url, items, DIRECT_CONCURRENCY), 0)}
-        bridges = {}
+        runs: Runs = {"direct": (lambda: clients.fanout(verify_url, items, DIRECT_CONCURRENCY), ())}
+        pids: list[int] = []
         for name in paths:
-            bridge = stack.enter_context(start_bridge("--head-url", gym.head_url, *PATHS[name]))
-            bridges[name] = bridge
-            runs[name] = (lambda t=bridge.target: clients.reward_fn(t, items), bridge.pid)
+            flags = PATHS.get(name, ())
+            if name in SHARED and not name.endswith("_unshared"):
+                flags = ("--sharing-bridges", str(SHARED[name]))
+            started = [
+                stack.enter_context(start_bridge("--head-url", gym.head_url, *flags))
+                for _ in range(SHARED.get(name, 1))
+            ]
+            pids += [bridge.pid for bridge in started]
+            targets = [bridge.target for bridge in started]
+            if name in SHARED:
+                runs[name] = (lambda ts=targets: shared(ts, items), tuple(b.pid for b in started))
+            else:
+                runs[name] = (lambda t=targets[0]: clients.reward_fn(t, items), (started[0].pid,))
         if pinned:
             pin(server, SERVER_CPUS)
             os.sched_setaffinity(0, CALLER_CPUS)
-            for bridge in bridges.values():
-                pin(bridge.pid, CALLER_CPUS)
+            for pid in pids:
+                pin(pid, CALLER_CPUS)
         for run, _ in runs.values():  # warm-up: imports, connections, the adaptive limits
             run()
         log(f"scenario 6: NeMo Gym {gym.version}, {'pinned' if pinned else 'unpinned'}")
@@ -169,7 +211,7 @@ def scenario(s, rows: list[dict], log) -> dict:
     for version in ("0.7.0", "0.4.0"):
         for pinned in (True, False):
             key = f"{version}_{'pinned' if pinned else 'unpinned'}"
-            out[key] = server_cost(version, pinned, list(PATHS), s.mcqa_items, s.mcqa_rounds, log)
+            out[key] = server_cost(version, pinned, ALL_PATHS, s.mcqa_items, s.mcqa_rounds, log)
     return out
 
 
@@ -202,12 +244,12 @@ def main() -> int:
     parser.add_argument("--pinned", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--items", type=int, default=1000)
-    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--paths", default=",".join(ALL_PATHS))
     args = parser.parse_args()
     paths = [p for p in args.paths.split(",") if p]
-    unknown = [p for p in paths if p not in PATHS]
+    unknown = [p for p in paths if p not in ALL_PATHS]
     if unknown:
-        parser.error(f"unknown paths {unknown}; known: {', '.join(PATHS)}")
+        parser.error(f"unknown paths {unknown}; known: {', '.join(ALL_PATHS)}")
     result = server_cost(
         args.version,
         args.pinned,

@@ -1,8 +1,8 @@
 """The adaptive concurrency limit (bridge/flows/limits.py): it keeps a standing queue of
 QUEUE_LOW..QUEUE_HIGH calls at a CPU-bound server, grows to the ceiling on a server whose latency
 does not grow with load, drops at once from far past the knee, follows a latency step both
-ways, is shared by two bridges in front of one server, ignores failures, and the slots of a
-replica follow it.
+ways, is shared by two bridges in front of one server (bridges told their share keep one queue
+between them), ignores failures, and the slots of a replica follow it.
 
 The first tests drive the rule with server models (latency as a function of the calls in
 flight), a stand-in for the servers a benchmark runs; the last one runs it over real HTTP in
@@ -16,6 +16,7 @@ import asyncio
 import collections
 
 import aiohttp
+import pytest
 from prometheus_client import generate_latest
 
 from nemo_gym_grpc.bridge.flows.balancer import Replica
@@ -123,6 +124,21 @@ def test_two_bridges_in_front_of_one_server_share_its_queue():
     settled = [(a, b) for a, b in late if QUEUE_LOW <= a + b <= 2 * QUEUE_HIGH + 2]
     assert len(settled) >= 0.95 * len(late), collections.Counter(late).most_common(5)
     assert all(abs(a - b) <= 2 for a, b in settled), settled[-20:]
+
+
+@pytest.mark.parametrize("count", [2, 4, 8])
+def test_bridges_told_their_share_keep_one_queue_between_them(count):
+    limits = [Limit(CEILING, share=count) for _ in range(count)]
+    totals = []
+    for _ in range(8000):
+        total = sum(limit.size for limit in limits)
+        rtt = 0.002 * total  # one server, one call at a time
+        Clock.now += 0.001
+        totals.append(sum(limit.sample(rtt, limit.size, Clock.now) for limit in limits))
+    late = totals[-2000:]  # about 2 s
+    # together about one bridge's queue of LOW..HIGH (unshared: `count` times that, above)
+    settled = [total for total in late if QUEUE_LOW <= total <= QUEUE_HIGH + count]
+    assert len(settled) >= 0.95 * len(late), collections.Counter(late).most_common(5)
 
 
 def test_a_latency_step_is_followed_both_ways():

@@ -133,14 +133,18 @@ class Replica(Slots):
         url: base URL, e.g. "http://127.0.0.1:18001" (no trailing slash).
         max_in_flight: most concurrent calls to it (its slots; with `adaptive`, the ceiling
             of its `limits.Limit`).
+        adaptive: its slots follow a `limits.Limit`.
+        share: the limiters in front of it that share its queue (`limits.Limit`'s `share`).
 
     Attributes:
         refused_until: `time.monotonic()` until which it is passed over (0 = never refused).
         limit: its adaptive limit, None when its slots are fixed.
     """
 
-    def __init__(self, url: str, max_in_flight: int, adaptive: bool = False) -> None:
-        self.limit = Limit(max_in_flight) if adaptive else None
+    def __init__(
+        self, url: str, max_in_flight: int, adaptive: bool = False, share: int = 1
+    ) -> None:
+        self.limit = Limit(max_in_flight, share) if adaptive else None
         super().__init__(self.limit.size if self.limit else max_in_flight)
         self._logged = self._size  # the limit last logged (a move by 2x is)
         self.url = url
@@ -193,11 +197,14 @@ class Balancer:
     Args:
         max_in_flight: slots per replica (`--max-in-flight`; the ceiling when `adaptive`).
         adaptive: each replica's slots follow its `limits.Limit`.
+        share: the limiters that share each replica's queue (`--sharing-bridges` times the
+            bridge's workers; `limits.Limit`).
     """
 
-    def __init__(self, max_in_flight: int, adaptive: bool = False) -> None:
+    def __init__(self, max_in_flight: int, adaptive: bool = False, share: int = 1) -> None:
         self._max_in_flight = max_in_flight
         self._adaptive = adaptive
+        self._share = share
         self._replicas: dict[str, Replica] = {}
         self._turn = 0
 
@@ -205,7 +212,9 @@ class Balancer:
         """The Replica of base URL `url` (created on first use, kept for the process)."""
         found = self._replicas.get(url)
         if found is None:
-            found = self._replicas[url] = Replica(url, self._max_in_flight, self._adaptive)
+            found = self._replicas[url] = Replica(
+                url, self._max_in_flight, self._adaptive, self._share
+            )
         return found
 
     def replicas(self) -> list[Replica]:

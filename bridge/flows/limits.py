@@ -24,9 +24,15 @@ Why a standing queue of QUEUE_LOW..QUEUE_HIGH and not Vegas's 3..6 calls: a sing
 uvicorn server (most NeMo Gym resources servers) spends the least CPU per request when a dozen
 or two wait (each event-loop turn then serves several); measured on real mcqa
 (`benchmarks.server_cost`, pinned): fixed limits 16 and 32 cost it 0.92-0.94x the CPU per item
-of a 64-connection direct client, 8 about 1.0x, 4 1.08x, 256 1.2-1.3x. The queue targets are
-counts at the server, so bridges in front of one server share them: each sees the others'
-calls in its latency and backs off.
+of a 64-connection direct client, 8 about 1.0x, 4 1.08x, 256 1.2-1.3x.
+
+Several limiters in front of one server (bridges on several Ray nodes, the workers of `serve
+--workers`) do not see each other's share of its queue: each one's no-load latency is measured
+while the others keep the server busy, so each keeps a whole standing queue of its own, N
+times the target in all (measured on real mcqa, pinned: one bridge 0.93x the direct client's
+CPU per item, two 1.03-1.07x, four 1.02-1.12x). So a limiter told it is one of `share` (`serve
+--sharing-bridges`, which the Ray fleet sets, times `--workers`) aims for 1/share of the
+queue.
 
 Why Vegas, of the three the issue names: Gradient2 alone compares a short to a long average
 latency; it reacts to a sudden change but, as the long average follows the short one, keeps
@@ -76,6 +82,8 @@ class Limit:
 
     Args:
         ceiling: the most it may grow to (`--max-in-flight`).
+        share: the limiters (this one included) in front of the same server: it keeps
+            1/share of the standing queue (the module docstring).
 
     Attributes:
         size: the slots now, calls: `limit`, or LOW_LOAD while re-measuring.
@@ -85,6 +93,7 @@ class Limit:
     __slots__ = (
         "_calibrating",
         "_ceiling",
+        "_share",
         "_last_low",
         "_measured",
         "_last_sample",
@@ -94,8 +103,9 @@ class Limit:
         "size",
     )
 
-    def __init__(self, ceiling: int) -> None:
+    def __init__(self, ceiling: int, share: int = 1) -> None:
         self._ceiling = ceiling
+        self._share = float(share)
         self._limit = float(min(INITIAL_LIMIT, ceiling))
         self._low: list[float] = []  # a re-measurement's no-load latencies
         self._last_low = self._last_sample = 0.0
@@ -125,8 +135,8 @@ class Limit:
         if rtt <= 0.0:
             return self.size
         queued = load * (1.0 - self.no_load / rtt)  # the calls this one found waiting
-        low = max(QUEUE_LOW, 3.0 * math.log10(limit))
-        high = max(QUEUE_HIGH, 6.0 * math.log10(limit))
+        low = max(QUEUE_LOW, 3.0 * math.log10(limit)) / self._share
+        high = max(QUEUE_HIGH, 6.0 * math.log10(limit)) / self._share
         at_low = load * self.no_load / rtt + low  # the limit at which this queue would be `low`
         noise = rtt < TOLERANCE * self.no_load  # no queue worth the name, however many calls
         first = not self._measured and rtt > 2.0 * self.no_load

@@ -57,6 +57,8 @@ class Verifier:
             replicas that take that prefix (NeMo Gym 0.7); False = plain routes only.
         adaptive_concurrency: each replica's slots follow its adaptive limit (`limits`);
             False = `max_in_flight` slots each (`--fixed-concurrency`).
+        queue_share: the limiters in front of the same servers, this one included
+            (`--sharing-bridges`, times the workers; `limits.Limit`'s `share`).
 
     Attributes:
         balancer: the replicas called so far and their load.
@@ -76,6 +78,7 @@ class Verifier:
         metrics: Metrics,
         rollout_correlation: bool = True,
         adaptive_concurrency: bool = True,
+        queue_share: int = 1,
     ) -> None:
         self.upstreams = upstreams
         self._client = client
@@ -84,7 +87,7 @@ class Verifier:
         self._max_item_bytes = max_item_bytes
         self._session_servers = frozenset(session_servers)
         self.metrics = metrics
-        self.balancer = Balancer(max_in_flight, adaptive_concurrency)
+        self.balancer = Balancer(max_in_flight, adaptive_concurrency, queue_share)
         self.capabilities = capabilities.Catalog(client.session)
         self._correlate = rollout_correlation
         self._closer = sessions.Closer(client, self._closed)

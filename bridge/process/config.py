@@ -149,6 +149,13 @@ class BridgeConfig:
         "(--max-in-flight is then unused)",
         type=positive_int, default=None, metavar="N",
     )  # fmt: skip
+    sharing_bridges: int = option(
+        "--sharing-bridges",
+        "bridge processes whose calls reach the same NeMo Gym servers, this one included; "
+        "each keeps 1/N of the standing queue the adaptive limit aims for, so that together "
+        "they keep one (the Ray fleet sets it; serve --workers W multiplies it by W)",
+        type=positive_int, default=1, metavar="N",
+    )  # fmt: skip
     retry: RetryPolicy = setting(
         Flag(
             "--retry-attempts",

@@ -53,6 +53,15 @@ def _check_flags(serve_args: Sequence[str]) -> None:
             raise ValueError(f"{arg}: the fleet sets {', '.join(OWN_FLAGS)} itself")
 
 
+def with_share(serve_args: Sequence[str], nodes: int) -> list[str]:
+    """`serve_args` with `--sharing-bridges NODES` unless they set it: the bridges of `nodes`
+    nodes call the same NeMo Gym servers, so each keeps its share of the standing queue
+    the adaptive limits aim for at a server (`flows/limits.py`)."""
+    if any(arg.split("=", 1)[0] == "--sharing-bridges" for arg in serve_args):
+        return list(serve_args)
+    return [*serve_args, "--sharing-bridges", str(max(1, nodes))]
+
+
 def start_bridges(
     serve_args: Sequence[str] = (),
     *,
@@ -68,7 +77,8 @@ def start_bridges(
         serve_args: `nemo-gym-grpc serve` flags for every bridge (e.g. `--head-url URL`,
             `--token-file PATH`, `--server NAME=URL`); not those of OWN_FLAGS. A bridge
             listens on its node's address, so the bridge refuses to start without TLS, a
-            token or `--insecure` (its own rule).
+            token or `--insecure` (its own rule). `--sharing-bridges` is the number of alive
+            nodes unless given (`with_share`).
         port: the TCP port every bridge listens on (the same on every node, so a restarted
             bridge keeps its address).
         cpus: CPUs each bridge actor holds; its `--workers` is that number rounded down, at
@@ -86,10 +96,12 @@ def start_bridges(
     """
     _check_flags(serve_args)
     _registry()
+    alive = [node for node in ray.nodes() if node["Alive"]]  # type: ignore[no-untyped-call]
+    serve_args = with_share(serve_args, len(alive))
     started: list[tuple[Any, Any]] = []  # (actor handle, its `entry` call)
-    for node in ray.nodes():  # type: ignore[no-untyped-call]
+    for node in alive:
         node_id = node["NodeID"]
-        if not node["Alive"] or (nodes is not None and node_id not in nodes):
+        if nodes is not None and node_id not in nodes:
             continue
         actor = ray.remote(BridgeActor).options(
             name=bridge_name(node_id),

@@ -202,6 +202,7 @@ def _flows(
         metrics=metrics,
         rollout_correlation=config.rollout_correlation,
         adaptive_concurrency=config.fixed_concurrency is None,
+        queue_share=config.sharing_bridges,
     )
     runner = Runner(
         agents,
