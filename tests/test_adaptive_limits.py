@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 
 import aiohttp
 import pytest
 from prometheus_client import generate_latest
 
 from nemo_gym_grpc.bridge.flows.balancer import Replica
-from nemo_gym_grpc.bridge.flows.limits import INITIAL_LIMIT, QUEUE_HIGH, QUEUE_LOW, Limit
+from nemo_gym_grpc.bridge.flows.limits import GROWTH, INITIAL_LIMIT, QUEUE_HIGH, QUEUE_LOW, Limit
 from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.bridge.nemo_gym.replies import ReplyBudget
 from nemo_gym_grpc.v1 import verify_pb2
@@ -61,18 +62,30 @@ def test_a_cpu_bound_server_keeps_a_small_standing_queue():
     assert abs(limit.no_load - 0.002) < 1e-9
 
 
-def test_a_server_whose_latency_does_not_grow_gets_the_ceiling_within_its_first_answers():
+def test_a_server_whose_latency_does_not_grow_gets_the_ceiling_within_a_few_round_trips():
     for ceiling in (CEILING, 16384):
         limit = Limit(ceiling)
-        sizes = run(limit, lambda load: 1.0, 40)
-        # the first INITIAL_LIMIT answers (one second of model time) take it there
-        assert sizes.index(ceiling) <= INITIAL_LIMIT, sizes
+        size = run(limit, lambda load: 1.0, INITIAL_LIMIT)[-1]  # the first calls' answers
+        answered = Clock.now
+        while size < ceiling:
+            (size,) = run(limit, lambda load: 1.0, 1, ramp=False)
+        # from the first answers, GROWTH times per round trip of 1 s: 20 -> 80 -> ... 16,384
+        trips = math.ceil(math.log(ceiling / INITIAL_LIMIT, GROWTH))
+        assert Clock.now - answered <= trips, (Clock.now - answered, trips)
+
+
+def test_one_round_trips_answers_grow_the_limit_once():
+    limit = Limit(16384)
+    sizes = run(limit, lambda load: 1.0, INITIAL_LIMIT)  # the first round trip's answers
+    # once, at the first answer with QUEUE_LOW in flight, not at every answer after it
+    grown = [later for earlier, later in zip(sizes, sizes[1:], strict=False) if later > 2 * earlier]
+    assert len(grown) == 1 and max(sizes) <= GROWTH * (INITIAL_LIMIT + 3), sizes
 
 
 def test_a_limit_far_past_the_knee_drops_at_once():
     limit = Limit(CEILING)
     run(limit, lambda load: 0.002 * load, 3000)  # one call at a time: the no-load latency
-    run(limit, lambda load: 0.002, 100, ramp=False)  # now latency flat: the ceiling
+    run(limit, lambda load: 0.002, 2000, ramp=False)  # now latency flat: the ceiling
     assert limit.size == CEILING
     run(limit, lambda load: 0.002 * load, 1, ramp=False)  # now one call at a time
     assert QUEUE_LOW <= limit.limit <= QUEUE_LOW + 2, limit.limit  # (its slots re-measure)
@@ -103,7 +116,7 @@ def test_a_cold_servers_first_answers_are_re_measured_at_the_first_queue():
 
 def test_latency_noise_at_thousands_in_flight_is_not_read_as_far_past_the_knee():
     limit = Limit(16384)
-    run(limit, lambda load: 0.5, 40)  # latency flat: the ceiling
+    run(limit, lambda load: 0.5, 20000)  # latency flat: the ceiling
     assert limit.size == 16384
     (size,) = run(limit, lambda load: 0.6, 1, ramp=False)  # 20% slower: 2,700 "queued"
     assert size >= 16384 - 10, size

@@ -10,9 +10,13 @@ about `queued = load x (1 - no_load / rtt)` calls waited at the server for a cal
 much over it, with these additions:
 
 - no queue (under half of QUEUE_LOW, or a latency under TOLERANCE times the no-load one) at
-  QUEUE_LOW or more calls means the server is not what holds the calls back: the limit doubles
-  (a server whose latency does not grow with load, a judge or a sandbox, reaches the ceiling
-  within its first answers: 16,384 calls of 1 s go out within about a second). The tolerance is
+  QUEUE_LOW or more calls means the server is not what holds the calls back: the limit grows
+  GROWTH times, at most once per round trip (only a call sent after the last growth tells of
+  the new limit: TCP slow start's rule), so a server whose latency does not grow with load, a
+  judge or a sandbox, reaches a ceiling of 16,384 in four round trips from its first answers.
+  Growing at every such answer, as before, took one round trip's answers from 20 to thousands:
+  a CPU-bound server (whose no-load latency, measured while others loaded it, read as no
+  queue) got thousands of calls and new connections at once. The tolerance is
   Gradient2's: with thousands of calls in flight a few per cent of latency noise reads as a
   queue of dozens, and a 500 ms server answering in 510 ms is not queueing;
 - a queue over twice the high mark with a latency over twice the no-load one means the limit
@@ -71,6 +75,8 @@ TOLERANCE = 1.5
 LOW_LOAD = 1
 # The limit of a replica not yet measured.
 INITIAL_LIMIT = 20
+# What a limit is multiplied by when calls meet no queue, at most once per round trip.
+GROWTH = 8.0
 # Seconds a limit held by its queue estimate goes without a no-load call before it is
 # re-measured, and the no-load calls a re-measurement takes.
 CALIBRATE_AFTER = 3.0
@@ -97,6 +103,7 @@ class Limit:
         "_last_low",
         "_measured",
         "_last_sample",
+        "_grown_at",
         "_limit",
         "_low",
         "no_load",
@@ -109,6 +116,7 @@ class Limit:
         self._limit = float(min(INITIAL_LIMIT, ceiling))
         self._low: list[float] = []  # a re-measurement's no-load latencies
         self._last_low = self._last_sample = 0.0
+        self._grown_at = -math.inf  # when the limit last grew by GROWTH
         self._calibrating = False
         self._measured = False  # no re-measurement yet: the no-load latency is a first guess
         self.no_load = math.inf
@@ -150,7 +158,12 @@ class Limit:
         if queued > 2.0 * high and rtt > 2.0 * self.no_load:  # far past the knee
             return self._set(min(limit, at_low))
         if load >= QUEUE_LOW and (queued < low / 2.0 or noise):
-            return self._set(limit * 2.0)  # that many at once and no queue: not the knee
+            # that many at once and no queue: not the knee. A call sent before the last
+            # growth says nothing of the new limit, so it grows once per round trip.
+            if now - rtt < self._grown_at:
+                return self.size
+            self._grown_at = now
+            return self._set(limit * GROWTH)
         if load * 2 < limit:
             return self.size  # too few calls to tell of the limit
         if queued < low:
