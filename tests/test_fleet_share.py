@@ -1,6 +1,6 @@
 """The Ray fleet tells each bridge how many bridges share the NeMo Gym servers
-(`--sharing-bridges`, one per alive node) unless the caller did, and a bridge process passes
-it on to its adaptive limits, times its workers (the limit's rule: tests/test_adaptive_limits.py).
+(`--sharing-bridges`: the fleet's bridges, one per node) unless the caller did, and a bridge
+process passes it on to its adaptive limits (the rule: tests/test_adaptive_limits.py).
 """
 
 from __future__ import annotations

@@ -77,8 +77,9 @@ def start_bridges(
         serve_args: `nemo-gym-grpc serve` flags for every bridge (e.g. `--head-url URL`,
             `--token-file PATH`, `--server NAME=URL`); not those of OWN_FLAGS. A bridge
             listens on its node's address, so the bridge refuses to start without TLS, a
-            token or `--insecure` (its own rule). `--sharing-bridges` is the number of alive
-            nodes unless given (`with_share`).
+            token or `--insecure` (its own rule). `--sharing-bridges` is the number of the
+            fleet's bridges once these are started unless given (`with_share`; bridges
+            started before keep theirs).
         port: the TCP port every bridge listens on (the same on every node, so a restarted
             bridge keeps its address).
         cpus: CPUs each bridge actor holds; its `--workers` is that number rounded down, at
@@ -96,13 +97,14 @@ def start_bridges(
     """
     _check_flags(serve_args)
     _registry()
-    alive = [node for node in ray.nodes() if node["Alive"]]  # type: ignore[no-untyped-call]
-    serve_args = with_share(serve_args, len(alive))
+    targets = [
+        node["NodeID"]
+        for node in ray.nodes()  # type: ignore[no-untyped-call]
+        if node["Alive"] and (nodes is None or node["NodeID"] in nodes)
+    ]
+    serve_args = with_share(serve_args, len(set(bridge_table()) | set(targets)))
     started: list[tuple[Any, Any]] = []  # (actor handle, its `entry` call)
-    for node in alive:
-        node_id = node["NodeID"]
-        if nodes is not None and node_id not in nodes:
-            continue
+    for node_id in targets:
         actor = ray.remote(BridgeActor).options(
             name=bridge_name(node_id),
             namespace=NAMESPACE,

@@ -121,9 +121,9 @@ class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
     RESOURCE_EXHAUSTED to one that waited `max_wait` seconds.
 
     A waiting call's messages are not read, so gRPC flow control holds its sender and it holds
-    no item (a few KiB of the transport's window at most): what `--max-streams` bounds is the
-    memory of streams that read (docs/operating.md, "Memory"). A call waits within its own
-    deadline too (past it the client sees DEADLINE_EXCEEDED). grpc.aio's own
+    no item (at most what the transport's flow-control window let in): what `--max-streams`
+    bounds is the memory of streams that read (docs/operating.md, "Memory"). A call waits
+    within its own deadline too (past it the client sees DEADLINE_EXCEEDED). grpc.aio's own
     `maximum_concurrent_rpcs` counts every RPC and refuses at once with "Concurrent RPC limit
     exceeded!"; this counts only streams and its refusal names the limit and the flag.
 
