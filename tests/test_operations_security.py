@@ -189,10 +189,10 @@ def test_cli_refuses_a_non_loopback_listen_address_before_binding():
 
 
 def _held_open(first_item: str, release: threading.Event):
-    """A VerifyStream's messages: one item, then an empty message every 0.2 s (so the stream
+    """A VerifyStream's messages: one item, then an empty message every 0.1 s (so the stream
     is never idle) until `release`."""
     yield verify_pb2.VerifyStreamRequest(items=[mcqa_request(first_item)])
-    while not release.wait(0.2):
+    while not release.wait(0.1):
         yield verify_pb2.VerifyStreamRequest()
 
 

@@ -95,7 +95,7 @@ def test_max_streams_counts_run_and_verify_streams_together(channel):
     def held() -> Iterator[rollout_pb2.RunStreamRequest]:
         yield rollout_pb2.RunStreamRequest(items=[run_request("h1", "down", {})])
         started.set()
-        while not release.wait(0.2):  # a message now and then: the stream is not idle
+        while not release.wait(0.1):  # a message now and then: the stream is not idle
             yield rollout_pb2.RunStreamRequest()
 
     first = rollouts.RunStream(held(), timeout=60, metadata=AUTH)

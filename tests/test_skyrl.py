@@ -155,5 +155,12 @@ def failing(env: Any, turns: list[str]) -> NemoGymEnvError:
 
 
 def closed(proxy: FaultProxy) -> int:
-    """The `/close_session` calls the proxy passed on."""
-    return sum(n for (path, _), n in proxy.posts.items() if path.endswith("/close_session"))
+    """The `/close_session` calls the proxy passed on for the sessions it saw seeded since its
+    counters were zeroed: an earlier test's close, sent in the background after its episode,
+    may arrive after that and is not this test's."""
+    seeded = {session for path, session in proxy.posts if path.endswith("/seed_session")}
+    return sum(
+        n
+        for (path, session), n in proxy.posts.items()
+        if path.endswith("/close_session") and session in seeded
+    )
