@@ -41,9 +41,13 @@ PATHS: dict[str, tuple[str, ...]] = {
     "no_rollout_correlation": ("--no-rollout-correlation",),
     **{f"fixed_{n}": ("--fixed-concurrency", str(n)) for n in (64, 32, 16, 8, 4)},
 }
-# Path name -> how many bridges share the server, each with `--sharing-bridges` that many (as
-# the Ray fleet starts them) or, `_unshared`, with their defaults.
-SHARED = {"two_bridges": 2, "four_bridges": 4, "four_bridges_unshared": 4}
+# Path name -> (how many bridges share the server, each one's flags): told how many share it
+# (as the Ray fleet starts them), or with their defaults.
+SHARED: dict[str, tuple[int, tuple[str, ...]]] = {
+    "two_bridges": (2, ("--sharing-bridges", "2")),
+    "four_bridges": (4, ("--sharing-bridges", "4")),
+    "four_bridges_unshared": (4, ()),
+}
 ALL_PATHS = [*PATHS, *SHARED]
 DIRECT_CONCURRENCY = 64
 SERVER_CPUS, CALLER_CPUS = {0}, {1}
@@ -172,12 +176,10 @@ def server_cost(
         runs: Runs = {"direct": (lambda: clients.fanout(verify_url, items, DIRECT_CONCURRENCY), ())}
         pids: list[int] = []
         for name in paths:
-            flags = PATHS.get(name, ())
-            if name in SHARED and not name.endswith("_unshared"):
-                flags = ("--sharing-bridges", str(SHARED[name]))
+            count, flags = SHARED.get(name, (1, PATHS.get(name, ())))
             started = [
                 stack.enter_context(start_bridge("--head-url", gym.head_url, *flags))
-                for _ in range(SHARED.get(name, 1))
+                for _ in range(count)
             ]
             pids += [bridge.pid for bridge in started]
             targets = [bridge.target for bridge in started]
