@@ -5,12 +5,11 @@ process passes it on to its adaptive limits (the rule: tests/test_adaptive_limit
 
 from __future__ import annotations
 
-import pytest
-
 from nemo_gym_grpc.bridge.process.cli import parse_args
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
+from tests.support.missing import require
 
-pytest.importorskip("ray")  # the `ray` extra (`make dev` installs it)
+require("ray", "pip install '.[ray]' (`make dev` installs it)")
 
 from nemo_gym_grpc.bridge.ray.fleet import with_share  # noqa: E402
 
