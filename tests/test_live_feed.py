@@ -69,7 +69,7 @@ def test_every_request_gets_one_outcome_across_rotated_calls(bridge):
             assert request_id not in outcomes
             outcomes[request_id] = outcome
 
-        route = Route.resolve(target=bridge.target, timeout=3.0)  # rotated every 1.5 s
+        route = Route.resolve(target=bridge.target, timeout=1.5)  # rotated every 0.75 s
         async with RunFeed(route, bridge.target, record) as running:
             deadline = time.monotonic() + WAIT
             sent = 0
@@ -79,7 +79,7 @@ def test_every_request_gets_one_outcome_across_rotated_calls(bridge):
                     sent += 2
                     if sent == 20:
                         await running.send([big])
-                await asyncio.sleep(0.4)
+                await asyncio.sleep(0.2)
         return outcomes, running
 
     outcomes, running = asyncio.run(feed())
@@ -92,7 +92,7 @@ def test_every_request_gets_one_outcome_across_rotated_calls(bridge):
 
 
 def test_a_call_the_bridge_ends_for_idling_is_a_rotation_not_a_failure(caplog):
-    """A bridge with `--stream-idle-timeout 1`: the feed's idle calls are ended STREAM_IDLE and
+    """A bridge with `--stream-idle-timeout 0.5`: the feed's idle calls are ended STREAM_IDLE and
     replaced; none counts as a failure, nothing is logged, and items still go through."""
 
     async def idle_then_send(target: str) -> tuple[dict[str, object], RunFeed]:
@@ -101,7 +101,7 @@ def test_a_call_the_bridge_ends_for_idling_is_a_rotation_not_a_failure(caplog):
         async with RunFeed(route, target, outcomes.__setitem__) as running:
             deadline = time.monotonic() + WAIT
             while running.counts["streams"] < 3 and time.monotonic() < deadline:
-                await running.tick()  # idle: each call is ended after 1 s and replaced
+                await running.tick()  # idle: each call is ended after 0.5 s and replaced
                 await asyncio.sleep(0.1)
             await running.send([request("after-idle")])
             while not outcomes and time.monotonic() < deadline:
@@ -111,7 +111,7 @@ def test_a_call_the_bridge_ends_for_idling_is_a_rotation_not_a_failure(caplog):
 
     with FaultProxy(None) as agent:
         agent.set_faults(Fault("status", body=json.dumps(ROLLOUT).encode()))
-        args = ("--agent", f"agent={agent.url}", "--stream-idle-timeout", "1")
+        args = ("--agent", f"agent={agent.url}", "--stream-idle-timeout", "0.5")
         with start_bridge(*args) as process, caplog.at_level("WARNING"):
             outcomes, running = asyncio.run(idle_then_send(process.target))
     assert running.counts["streams"] >= 3 and running.last_failure is None

@@ -112,7 +112,7 @@ def slow_upstream():
     """A scripted upstream that takes 2 s per request (a real server cannot be told to)."""
     _Slow.received = 0
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
     yield server.server_address[1]
     server.shutdown()
     server.server_close()
@@ -186,7 +186,7 @@ def canary():
     """An HTTP server on loopback that records every request it gets."""
     _Canary.hits = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Canary)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     yield server.server_address[1]
     server.shutdown()

@@ -127,7 +127,7 @@ def test_a_broken_stream_is_sent_again_then_what_is_left_fails_with_its_cause(
 def test_the_batch_deadline_ends_a_stalled_stream(scripted, caplog, asynchronous):
     target, _ = scripted
     with caplog.at_level(logging.WARNING, logger="nemo_gym_grpc.rewards"):
-        rewards = _call(target, "stall", 4, asynchronous, batch_timeout=2.0)
+        rewards = _call(target, "stall", 4, asynchronous, batch_timeout=1.0)
     assert rewards == [0.0, 1.0, None, None]
     assert "DEADLINE_EXCEEDED x2" in caplog.text
 
@@ -189,7 +189,7 @@ for _ in range(2):
     pid = os.fork()
     if pid == 0:
         os._exit(0)
-    time.sleep(0.5)  # the child may hang in gRPC's fork handler: the hazard warned about
+    time.sleep(0.2)  # the child may hang in gRPC's fork handler: the hazard warned about
     if os.waitpid(pid, os.WNOHANG) == (0, 0):
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -226,7 +226,7 @@ def test_no_bridge_at_the_target_fails_every_item_and_the_guard_raises(
     monkeypatch, caplog, asynchronous
 ):
     monkeypatch.setenv(settings.TARGET_ENV, f"127.0.0.1:{closed_port()}")
-    monkeypatch.setenv(settings.CONNECT_TIMEOUT_ENV, "0.5")
+    monkeypatch.setenv(settings.CONNECT_TIMEOUT_ENV, "0.2")
     reward_fn = reward_nemo_gym_verify_async if asynchronous else reward_nemo_gym_verify
     args = {
         "completions": ["a", "b", "c"],

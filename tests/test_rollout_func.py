@@ -194,7 +194,7 @@ def test_a_bridge_that_is_not_there_fails_every_rollout_as_it_fails_every_score(
 ):
     """Rollouts wait for a connection as scoring does (NEMO_GYM_GRPC_CONNECT_TIMEOUT, within
     the call's deadline) and fail with the same code and message as `verify_batch`."""
-    monkeypatch.setenv(settings.CONNECT_TIMEOUT_ENV, "0.5")
+    monkeypatch.setenv(settings.CONNECT_TIMEOUT_ENV, "0.2")
     target = f"127.0.0.1:{_closed_port()}"
     rows = [_row(), _row(), {}]
     began = time.monotonic()
@@ -212,7 +212,7 @@ def test_a_bridge_that_is_not_there_fails_every_rollout_as_it_fails_every_score(
     )
     scored = stream.send(call)["v"]
     assert isinstance(scored, Failure)
-    assert scored.message == f"no connection to the bridge at {target} within 0.5 s"
+    assert scored.message == f"no connection to the bridge at {target} within 0.2 s"
     for outcome in outcomes:
         assert isinstance(outcome, Failure) and outcome.whole_call
         assert (outcome.code, outcome.message) == ("UNAVAILABLE", scored.message)

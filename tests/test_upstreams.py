@@ -188,11 +188,11 @@ async def test_an_unreachable_head_server_is_one_readable_line_not_one_per_round
         head_server = HeadServer(head, session)
         tables = Upstreams({}, head_server), Upstreams({}, head_server, kind=AGENTS)
         readiness = Readiness(
-            health.aio.HealthServicer(), tables[0], session, interval=0.05, agents=tables[1]
+            health.aio.HealthServicer(), tables[0], session, interval=0.02, agents=tables[1]
         )
         with caplog.at_level(logging.INFO, logger="nemo_gym_grpc.bridge"):
             rounds = asyncio.create_task(readiness.run())
-            await asyncio.sleep(1.0)  # about 20 rounds, each failing for both tables
+            await asyncio.sleep(0.4)  # about 20 rounds, each failing for both tables
             rounds.cancel()
             await asyncio.gather(rounds, return_exceptions=True)
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

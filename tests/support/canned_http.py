@@ -99,7 +99,10 @@ class CannedServer:
         self._server.seen = []
         self.seen = self._server.seen
         self.url = f"http://{host}:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # serve_forever polls for shutdown every 0.5 s by default: each exit waited that long.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     def answer(self, key: str, raw: bytes) -> None:
         """Answer requests "<METHOD> <path>" (query ignored unless the key has it) with `raw`."""
