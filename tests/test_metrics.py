@@ -177,13 +177,15 @@ def test_each_worker_serves_its_own_metrics_on_the_next_port(start_bridge):
         str(port),
         "--retry-attempts",
         "1",
+        "--sharing-bridges",
+        "3",
     )
     with grpc.insecure_channel(bridge.target) as channel:
         stub = verify_pb2_grpc.VerifyServiceStub(channel)
         item = verify_pb2.VerifyRequest(request_id="x", resources_server="down")
         assert stub.Verify(item, timeout=30).error.code == code_pb2.UNAVAILABLE
-    counted = [
-        value(scrape(f"http://127.0.0.1:{p}/metrics"), ITEMS, resources_server="down")
-        for p in (port, port + 1)
-    ]
+    scraped = [scrape(f"http://127.0.0.1:{p}/metrics") for p in (port, port + 1)]
+    counted = [value(samples, ITEMS, resources_server="down") for samples in scraped]
     assert sorted(counted) == [0, 1]  # one worker took the connection and counted the item
+    # each worker has limits of its own: 3 bridges of 2 workers each keep 1/6 of a queue
+    assert [value(samples, "nemo_gym_grpc_sharing_limiters") for samples in scraped] == [6, 6]

@@ -221,6 +221,12 @@ class Balancer:
         """Every replica called so far (for metrics)."""
         return list(self._replicas.values())
 
+    @property
+    def share(self) -> int | None:
+        """The limiters each replica's limit shares its queue with (`share` above); None
+        with fixed limits (for metrics)."""
+        return self._share if self._adaptive else None
+
     def pick(self, urls: list[str], tried: Iterable[str] = ()) -> Replica:
         """The replica of `urls` (a non-empty list of base URLs) for the next call.
 

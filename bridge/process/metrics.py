@@ -20,6 +20,9 @@
 - `nemo_gym_grpc_upstream_limit` / `nemo_gym_grpc_upstream_no_load_seconds` (gauges):
   each replica's adaptive limit and the no-load latency it was found from (`flows/limits.py`;
   none with `--fixed-concurrency`), by `upstream`;
+- `nemo_gym_grpc_sharing_limiters` (gauge): the adaptive limiters that share each upstream's
+  standing queue, this process's included (`--sharing-bridges` times `--workers`; none with
+  `--fixed-concurrency`);
 - `nemo_gym_grpc_active_streams` / `nemo_gym_grpc_streams_waiting` (gauges): VerifyStream
   and RunStream calls open / waiting for a place (`--max-streams`);
 - `nemo_gym_grpc_reply_bytes` / `nemo_gym_grpc_replies_waiting` (gauges): bytes of NeMo Gym
@@ -223,6 +226,13 @@ class _LoadCollector:
                 limit.add_metric([replica.url], replica.limit.limit)
                 no_load.add_metric([replica.url], replica.limit.no_load)
         yield from (in_flight, waiting, limit, no_load)
+        if self._balancer.share is not None:
+            yield GaugeMetricFamily(
+                "nemo_gym_grpc_sharing_limiters",
+                "The limiters that share each upstream's standing queue, this one included "
+                "(--sharing-bridges times --workers).",
+                value=self._balancer.share,
+            )
         active, waiting_streams = self._streams()
         yield GaugeMetricFamily(
             "nemo_gym_grpc_active_streams",
