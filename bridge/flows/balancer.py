@@ -58,6 +58,11 @@ class Slots:
         self.in_flight = 0
 
     @property
+    def size(self) -> int:
+        """The slots, calls."""
+        return self._size
+
+    @property
     def load(self) -> int:
         """Items here and not finished: waiting plus in flight."""
         return self.waiting + self.in_flight
@@ -150,11 +155,12 @@ class Replica(Slots):
         self.url = url
         self.refused_until = 0.0
 
-    def answered(self, seconds: float, load: int) -> None:
-        """One call answered 200 in `seconds`, sent while `load` calls were in flight here:
-        a sample for the adaptive limit (see `limits`)."""
+    def answered(self, seconds: float, load: int, filled: bool) -> None:
+        """One call answered 200 in `seconds`, sent while `load` calls were in flight here,
+        `filled` if they were at least half its slots: a sample for the adaptive limit (see
+        `limits`)."""
         assert self.limit is not None
-        size = self.limit.sample(seconds, load, time.monotonic())
+        size = self.limit.sample(seconds, load, time.monotonic(), filled)
         if size == self._size:
             return
         self.resize(size)

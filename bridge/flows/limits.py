@@ -7,16 +7,22 @@ requests. With `no_load` the latency of a call that meets no queue and `rtt` a c
 about `queued = load x (1 - no_load / rtt)` calls waited at the server for a call sent with
 `load` calls in flight. The limit holds while that queue is between QUEUE_LOW and QUEUE_HIGH
 (or Vegas's 3 and 6 log10(limit), if larger), grows by log10(limit) under it and shrinks by as
-much over it, with these additions:
+much over it (not below where that queue would be QUEUE_LOW: a window's answers all meet its
+queue, and thousands of them would each take a step), with these additions:
 
 - no queue (under half of QUEUE_LOW, or a latency under TOLERANCE times the no-load one) at
-  QUEUE_LOW or more calls means the server is not what holds the calls back: the limit grows
-  GROWTH times, at most once per round trip (only a call sent after the last growth tells of
-  the new limit: TCP slow start's rule), so a server whose latency does not grow with load, a
-  judge or a sandbox, reaches a ceiling of 16,384 in four round trips from its first answers.
-  Growing at every such answer, as before, took one round trip's answers from 20 to thousands:
-  a CPU-bound server (whose no-load latency, measured while others loaded it, read as no
-  queue) got thousands of calls and new connections at once. The tolerance is
+  QUEUE_LOW or more calls means the server is not what holds the calls back: each such answer
+  adds GROWTH - 1 calls to the limit, if the calls were at least half the limit when it was
+  sent. This is TCP slow start (one segment per acknowledgement), faster: a window of such
+  answers multiplies the limit GROWTH times in one round trip, so a server whose latency does
+  not grow with load, a judge or a sandbox, reaches a ceiling of 16,384 in four round trips
+  from its first answers; and it grows no window the calls do not fill (RFC 7661). The growth
+  follows the evidence: the first answers of a burst at a CPU-bound server met a short queue
+  (the calls behind them are the queue), and only they grow it. Multiplying the limit on such
+  answers sent it thousands of calls and new connections at once: at every answer, as it did
+  first, one round trip's answers took it from 20 to thousands; once per round trip, as it
+  did next, a new bridge's first burst still went 20 -> 181 -> 1,448 (measured on real mcqa,
+  its limit then dropping to 30; now at most 92 calls in flight). The tolerance is
   Gradient2's: with thousands of calls in flight a few per cent of latency noise reads as a
   queue of dozens, and a 500 ms server answering in 510 ms is not queueing;
 - a queue over twice the high mark with a latency over twice the no-load one means the limit
@@ -52,13 +58,17 @@ given the no-load latency, which is what needs care:
   LOW_LOAD until CALIBRATION_SAMPLES calls met no queue, and the no-load latency is theirs; the
   limit it ends with is where the queue that started it would have been QUEUE_LOW. It starts
   when a queue over the low mark (beyond the tolerance) has held for CALIBRATE_AFTER seconds
-  without a no-load call (a server that slowed down: a latency step looks like a queue), a
-  pause without answers restarting that clock; and at once at the first queue with a latency
-  over twice the no-load one, since until then the no-load latency is a cold server's first
-  answers (its first request, new connections), often ten times the real one. A new bridge's
-  first burst at a cold CPU-bound server so overshoots once (measured: about 2,000 calls for
-  its first round, then 20-25). Unlike Envoy's, it never runs on a server whose latency does
-  not grow with load, whose flow it would stall.
+  (after the first re-measurement: or CALIBRATE_TRIPS times the lowest no-load latency yet, if
+  longer; the current one may be raised by other bridges' load on the server) without a
+  no-load call (a server that slowed down: a latency step looks like a queue), a pause without
+  answers restarting that clock; and at once at the first queue with a latency over twice the
+  no-load one, since until then the no-load latency is a cold server's first answers (its
+  first request, new connections), often ten times the real one. Unlike Envoy's, it never runs
+  on a server whose latency does not grow with load, whose flow it would stall. The round
+  trips bound what it costs a slow server whose latency grows with load (an LLM judge), which
+  a re-measurement has answer one call at a time for a few of its round trips: re-measured
+  every 3 s, one of 1 s took 3,389 s for 20,000 calls (modelled), every 60 round trips
+  1,885 s. Envoy re-measures every 60 s.
 """
 
 from __future__ import annotations
@@ -75,11 +85,12 @@ TOLERANCE = 1.5
 LOW_LOAD = 1
 # The limit of a replica not yet measured.
 INITIAL_LIMIT = 20
-# What a limit is multiplied by when calls meet no queue, at most once per round trip.
+# What a round trip of answers that met no queue multiplies a limit by.
 GROWTH = 8.0
-# Seconds a limit held by its queue estimate goes without a no-load call before it is
-# re-measured, and the no-load calls a re-measurement takes.
+# Seconds (and no-load latencies, if more) a limit held by its queue estimate goes without a
+# no-load call before it is re-measured, and the no-load calls a re-measurement takes.
 CALIBRATE_AFTER = 3.0
+CALIBRATE_TRIPS = 60
 CALIBRATION_SAMPLES = 3
 
 
@@ -103,10 +114,10 @@ class Limit:
         "_last_low",
         "_measured",
         "_last_sample",
-        "_grown_at",
         "_limit",
         "_low",
         "no_load",
+        "_fastest",
         "size",
     )
 
@@ -116,10 +127,9 @@ class Limit:
         self._limit = float(min(INITIAL_LIMIT, ceiling))
         self._low: list[float] = []  # a re-measurement's no-load latencies
         self._last_low = self._last_sample = 0.0
-        self._grown_at = -math.inf  # when the limit last grew by GROWTH
         self._calibrating = False
         self._measured = False  # no re-measurement yet: the no-load latency is a first guess
-        self.no_load = math.inf
+        self.no_load = self._fastest = math.inf  # and the lowest it has been
         self.size = int(self._limit)
 
     @property
@@ -127,10 +137,10 @@ class Limit:
         """The limit found, calls (1..ceiling)."""
         return int(self._limit)
 
-    def sample(self, rtt: float, load: int, now: float) -> int:
+    def sample(self, rtt: float, load: int, now: float, filled: bool = True) -> int:
         """Take one call's latency `rtt` (seconds, answered 200), sent while `load` calls were
-        in flight on the replica (itself included), at `now` (`time.monotonic()`). Returns
-        the new `size`."""
+        in flight on the replica (itself included), `filled` if they were at least half its
+        `size` then, at `now` (`time.monotonic()`). Returns the new `size`."""
         if self._calibrating:
             return self._calibrate(rtt, load, now)
         if now - self._last_sample > CALIBRATE_AFTER:
@@ -138,6 +148,7 @@ class Limit:
         self._last_sample = now
         if load <= LOW_LOAD or rtt < self.no_load:
             self.no_load = min(self.no_load, rtt)
+            self._fastest = min(self._fastest, rtt)
             self._last_low = now
         limit = self._limit
         if rtt <= 0.0:
@@ -148,7 +159,8 @@ class Limit:
         at_low = load * self.no_load / rtt + low  # the limit at which this queue would be `low`
         noise = rtt < TOLERANCE * self.no_load  # no queue worth the name, however many calls
         first = not self._measured and rtt > 2.0 * self.no_load
-        stale = now - self._last_low > CALIBRATE_AFTER
+        trips = CALIBRATE_TRIPS * self._fastest if self._measured else 0.0
+        stale = now - self._last_low > max(CALIBRATE_AFTER, trips)
         if queued > low and not noise and (first or stale):
             self._set(min(limit, at_low))  # what the re-measurement ends with
             self._calibrating = True
@@ -158,18 +170,14 @@ class Limit:
         if queued > 2.0 * high and rtt > 2.0 * self.no_load:  # far past the knee
             return self._set(min(limit, at_low))
         if load >= QUEUE_LOW and (queued < low / 2.0 or noise):
-            # that many at once and no queue: not the knee. A call sent before the last
-            # growth says nothing of the new limit, so it grows once per round trip.
-            if now - rtt < self._grown_at:
-                return self.size
-            self._grown_at = now
-            return self._set(limit * GROWTH)
+            # that many at once and no queue: not the knee (module docstring)
+            return self._set(limit + GROWTH - 1.0) if filled else self.size
         if load * 2 < limit:
             return self.size  # too few calls to tell of the limit
         if queued < low:
             limit += max(1.0, math.log10(limit))
-        elif queued > high:
-            limit -= max(1.0, math.log10(limit))
+        elif queued > high:  # one window's answers all see its queue: not past `at_low`
+            limit = max(limit - max(1.0, math.log10(limit)), at_low)
         else:
             return self.size
         return self._set(limit)

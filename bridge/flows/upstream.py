@@ -71,6 +71,7 @@ async def post(
         )
     started = time.monotonic()
     load = replica.in_flight
+    filled = load * 2 >= replica.size
     try:
         reply = await http.post(
             client, url, body, timeout=timeout, request_id=request_id, cookie=cookie, queued=queued
@@ -85,7 +86,7 @@ async def post(
         raise
     record(*labels, reply.seconds)
     if replica.limit is not None and reply.status == 200:
-        replica.answered(reply.seconds, load)
+        replica.answered(reply.seconds, load, filled)
     return reply
 
 
