@@ -45,22 +45,18 @@ class Slots:
     built a Timeout; docs/performance.md.)
 
     Attributes:
+        size: the slots (`resize` changes it).
         waiting: items waiting for a slot.
         in_flight: items holding one.
     """
 
-    __slots__ = ("_size", "_waiters", "in_flight", "waiting")
+    __slots__ = ("_waiters", "in_flight", "size", "waiting")
 
     def __init__(self, size: int) -> None:
-        self._size = size
+        self.size = size
         self._waiters: deque[asyncio.Future[bool]] = deque()
         self.waiting = 0
         self.in_flight = 0
-
-    @property
-    def size(self) -> int:
-        """The slots, calls."""
-        return self._size
 
     @property
     def load(self) -> int:
@@ -76,7 +72,7 @@ class Slots:
         return _Slot(self, wait)
 
     async def _acquire(self, wait: float | None) -> float:
-        if self.in_flight < self._size and not self.waiting:
+        if self.in_flight < self.size and not self.waiting:
             self.in_flight += 1
             return 0.0
         queued_at = time.monotonic()
@@ -106,7 +102,7 @@ class Slots:
             future.set_result(False)
 
     def _release(self) -> None:
-        if self.in_flight > self._size:  # the size shrank: this slot goes
+        if self.in_flight > self.size:  # the size shrank: this slot goes
             self.in_flight -= 1
             return
         waiters = self._waiters
@@ -121,7 +117,7 @@ class Slots:
     def resize(self, size: int) -> None:
         """Make it `size` slots: callers waiting take the new ones at once; when it shrinks,
         calls in flight finish and their slots go."""
-        self._size = size
+        self.size = size
         waiters = self._waiters
         while waiters and self.in_flight < size:
             future = waiters.popleft()
@@ -151,7 +147,7 @@ class Replica(Slots):
     ) -> None:
         self.limit = Limit(max_in_flight, share) if adaptive else None
         super().__init__(self.limit.size if self.limit else max_in_flight)
-        self._logged = self._size  # the limit last logged (a move by 2x is)
+        self._logged = self.size  # the limit last logged (a move by 2x is)
         self.url = url
         self.refused_until = 0.0
 
@@ -161,7 +157,7 @@ class Replica(Slots):
         `limits`)."""
         assert self.limit is not None
         size = self.limit.sample(seconds, load, time.monotonic(), filled)
-        if size == self._size:
+        if size == self.size:
             return
         self.resize(size)
         found = self.limit.limit
