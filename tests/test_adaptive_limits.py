@@ -1,11 +1,14 @@
 """The adaptive concurrency limit (bridge/flows/limits.py): it keeps a standing queue of
 QUEUE_LOW..QUEUE_HIGH calls at a CPU-bound server, grows to the ceiling on a server whose latency
-does not grow with load, drops at once from far past the knee, follows a latency step both
-ways, is shared by two bridges in front of one server (bridges told their share keep one queue
-between them), ignores failures, and the slots of a replica follow it.
+does not grow with load (a burst's first answers at a cold server do not grow it by a burst),
+drops at once from far past the knee, steps down no further than the queue it saw, follows a
+latency step both ways, re-measures a slow server rarely, is shared by two bridges in front of
+one server (bridges told their share keep one queue between them), ignores failures, and the
+slots of a replica follow it.
 
-The first tests drive the rule with server models (latency as a function of the calls in
-flight), a stand-in for the servers a benchmark runs; the last one runs it over real HTTP in
+The first tests drive the rule with server models (`run`: latency as a function of the calls
+in flight; `serve`: each call's answer time from when it was sent), a stand-in for the
+servers a benchmark runs; the last one runs it over real HTTP in
 front of a scripted server that answers one request at a time (tests/support/canned_http.py),
 as a single-process CPU-bound NeMo Gym server does.
 """
@@ -53,6 +56,30 @@ def run(limit: Limit, latency, samples: int, ramp: bool = True) -> list[int]:
     return sizes
 
 
+def serve(limit: Limit, done_at: Callable[[float, float], float], calls: int) -> list[Answer]:
+    """`limit` in front of a server model under full demand, for `calls` answers: whenever the
+    limit has free slots, calls fill them at once, each with the load the balancer reads
+    (every call in flight, those sent with it included); `done_at(sent, last)` is the time a
+    call sent at `sent` is answered, `last` that of the call sent before it (0.0 for the
+    first), calls answered in the order sent. Returns what each answer saw."""
+    sent: collections.deque[tuple[float, int, float]] = collections.deque()  # (at, load, done)
+    now, last, answers = 0.0, 0.0, []
+    while len(answers) < calls:
+        at, free = now + 1e-5, limit.size - len(sent)  # (the bridge hands them on)
+        for _ in range(free):
+            last = done_at(at, last)
+            sent.append((at, limit.size, last))
+        at, load, now = sent.popleft()
+        answers.append(Answer(now, len(sent) + 1, limit.sample(now - at, load, now)))
+    return answers
+
+
+class Answer(NamedTuple):
+    at: float  # model seconds
+    in_flight: int  # calls in flight when it came, itself included
+    size: int  # the limit's size after it
+
+
 def test_a_cpu_bound_server_keeps_a_small_standing_queue():
     limit = Limit(CEILING)
     sizes = run(limit, lambda load: 0.002 * load, 5000)  # one call at a time, 2 ms each
@@ -81,34 +108,10 @@ def test_one_round_trips_answers_grow_the_limit_at_most_growth_times():
     assert 2 * INITIAL_LIMIT < sizes[-1] <= GROWTH * INITIAL_LIMIT, sizes
 
 
-def serve(limit: Limit, done_at: Callable[[float, float], float], calls: int) -> list[Answer]:
-    """Calls in the order they are answered, `done_at(sent, last)` the time a call sent at
-    `sent` is answered, `last` the time the call sent before it was (0.0 for the first).
-    Under full demand: whenever the limit has free slots, calls fill them at once, each with
-    the load the balancer reads (every call in flight, those sent with it included). Returns
-    what each answer saw."""
-    sent: collections.deque[tuple[float, int, float]] = collections.deque()  # (at, load, done)
-    now, last, answers = 0.0, 0.0, []
-    while len(answers) < calls:
-        at, free = now + 1e-5, limit.size - len(sent)  # (the bridge hands them on)
-        for _ in range(free):
-            last = done_at(at, last)
-            sent.append((at, limit.size, last))
-        at, load, now = sent.popleft()
-        answers.append(Answer(now, len(sent) + 1, limit.sample(now - at, load, now)))
-    return answers
-
-
-class Answer(NamedTuple):
-    at: float  # model seconds
-    in_flight: int  # calls in flight when it came, itself included
-    size: int  # the limit's size after it
-
-
 def test_a_cold_server_is_not_sent_more_than_one_growth_past_its_first_limit():
     # the first answer 12 ms late: a no-load latency ten times too high at first, so the first
-    # calls read as no queue and grow the limit once. The next calls back were sent with the
-    # old limit's short queue ahead of them; they must not grow it again.
+    # answers of a burst read as no queue. They met only the short queue ahead of them (the
+    # calls behind them are the queue): they must not grow the limit by a whole burst.
     limit = Limit(16384)
     # one call at a time, 1 ms each, the very first 12 ms more
     answers = serve(limit, lambda sent, last: max(sent, last) + 0.001 + 0.012 * (not last), 3000)
