@@ -7,10 +7,16 @@ once (`two_bridges`, `four_bridges`: as on that many Ray nodes, each told so wit
 
     python -m benchmarks.server_cost [--version 0.7.0] [--pinned] [--rounds 5] [--items 1000]
                                      [--paths defaults,fixed_256,fixed_8,...]
+                                     [--code before=../before ...]
 
 `--pinned`: the server's threads on CPU 0, this process (the callers) and every bridge on
 CPU 1, so that the server's CPU is its own and not what the callers leave it. Ratios are
 taken within a round (each path against the round's direct run), then the median over rounds.
+
+`--code NAME=CHECKOUT` also runs every path from another checkout's code (laid out as
+installed and put on the bridges' PYTHONPATH; its generated code made, `make proto`), named
+`NAME:path`, in the same rounds: two versions of the bridge measured side by side, as the
+rounds' spread between separate runs (+-10%) hides what a change does.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +39,7 @@ from benchmarks.clients import Item
 from nemo_gym_grpc.rewards.client import stream
 from nemo_gym_grpc.rewards.client.outcomes import Failure
 from tests.support import NemoGymServers, example_rows, start_bridge
+from tests.support.layout import lay_out
 
 # Path name -> the bridge flags that make it (the issue's table).
 PATHS: dict[str, tuple[str, ...]] = {
@@ -164,10 +172,17 @@ def summary(measured: list[dict]) -> dict:
 
 
 def server_cost(
-    version: str | None, pinned: bool, paths: Sequence[str], items_count: int, count: int, log
+    version: str | None,
+    pinned: bool,
+    paths: Sequence[str],
+    items_count: int,
+    count: int,
+    log,
+    codes: Sequence[tuple[str, Path]] = (),
 ) -> dict:
-    """Start real mcqa (NeMo Gym `version`) and one bridge per path, warm each up, run the
-    rounds; the result's "median" holds each path's summary."""
+    """Start real mcqa (NeMo Gym `version`) and one bridge per path (and per path and
+    (name, checkout) of `codes`), warm each up, run the rounds; the result's "median" holds
+    each path's summary."""
     with ExitStack() as stack:
         gym = stack.enter_context(NemoGymServers(("mcqa",), version=version))
         items = clients.make_items(example_rows("mcqa"), items_count)
@@ -175,15 +190,18 @@ def server_cost(
         server = server_pid(gym, "mcqa")
         runs: Runs = {"direct": (lambda: clients.fanout(verify_url, items, DIRECT_CONCURRENCY), ())}
         pids: list[int] = []
-        for name in paths:
-            count, flags = SHARED.get(name, (1, PATHS.get(name, ())))
+        variants: list[tuple[str, dict[str, str] | None]] = [("", None)]
+        variants += [(f"{n}:", {"PYTHONPATH": str(laid_out(c))}) for n, c in codes]
+        for prefix, env, path in ((p, e, path) for p, e in variants for path in paths):
+            name = prefix + path
+            bridges, flags = SHARED.get(path, (1, PATHS.get(path, ())))
             started = [
-                stack.enter_context(start_bridge("--head-url", gym.head_url, *flags))
-                for _ in range(count)
+                stack.enter_context(start_bridge("--head-url", gym.head_url, *flags, env=env))
+                for _ in range(bridges)
             ]
             pids += [bridge.pid for bridge in started]
             targets = [bridge.target for bridge in started]
-            if name in SHARED:
+            if path in SHARED:
                 runs[name] = (lambda ts=targets: shared(ts, items), tuple(b.pid for b in started))
             else:
                 runs[name] = (lambda t=targets[0]: clients.reward_fn(t, items), (started[0].pid,))
@@ -204,6 +222,11 @@ def server_cost(
             "rounds": measured,
             "median": summary(measured),
         }
+
+
+def laid_out(checkout: Path) -> Path:
+    """`checkout`'s packages laid out as installed in a new temporary folder (for PYTHONPATH)."""
+    return lay_out(Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_code_")), checkout.resolve())
 
 
 def scenario(s, rows: list[dict], log) -> dict:
@@ -247,7 +270,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--paths", default=",".join(ALL_PATHS))
+    parser.add_argument("--code", action="append", default=[], metavar="NAME=CHECKOUT")
     args = parser.parse_args()
+    codes = [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1])) for spec in args.code]
     paths = [p for p in args.paths.split(",") if p]
     unknown = [p for p in paths if p not in ALL_PATHS]
     if unknown:
@@ -259,6 +284,7 @@ def main() -> int:
         args.items,
         args.rounds,
         lambda m: print(m, file=sys.stderr, flush=True),
+        codes,
     )
     print(json.dumps(result["median"], indent=1))
     return 0
