@@ -74,8 +74,10 @@ def summarize(
     measured = [life for life in lives if life["measured"]]
     # fds across the run: the last life's last-third peak against every peak before it (a
     # leak keeps setting new high-water marks; a pool refilled after a restart does not)
-    before = [life["fds"][0] for life in measured] + [max(life["fds"]) for life in measured[:-1]]
-    run_fd_growth = measured[-1]["fds"][1] - max(before) if measured else None
+    run_fd_growth = None
+    if measured:
+        before = [max(life["fds"]) for life in measured[:-1]] + [measured[-1]["fds"][0]]
+        run_fd_growth = measured[-1]["fds"][1] - max(before)
     kills = sum(1 for _, what in events if what.startswith("SIGKILL"))
     not_up = sum(1 for _, what in events if "NOT up" in what)
     zero = ("results_duplicated", "results_unknown_id", "misassigned", "silent_zero")
