@@ -164,6 +164,22 @@ def test_a_slow_server_whose_latency_grows_with_load_is_rarely_re_measured():
     assert late.count(1) < len(late) / 100, late.count(1)
 
 
+def test_a_cold_first_answer_does_not_space_out_the_re_measurements():
+    # a first answer of 200 ms at a 2 ms server: once re-measured, the next re-measurement
+    # comes after CALIBRATE_AFTER (3 s) of queue, not after 60 times that first answer (12 s)
+    limit = Limit(CEILING)
+    limit.sample(0.200, 1, 0.0)
+    now = 0.0
+    while limit.no_load > 0.002:  # a queue, then the re-measurement's calls one at a time
+        now += 0.01
+        limit.sample(0.500 if limit.size > 1 else 0.002, 30 if limit.size > 1 else 1, now)
+    measured = now
+    while limit.size > 1 and now < measured + 10.0:  # a queue of 24 calls at 2 ms each
+        now += 0.01
+        limit.sample(0.050, 25, now)
+    assert now - measured < 3.5, now - measured
+
+
 def test_a_cold_servers_first_answers_are_re_measured_at_the_first_queue():
     limit = Limit(CEILING)
     Clock.now = 0.0

@@ -195,6 +195,7 @@ class Limit:
             self._low.append(rtt)
         if len(self._low) >= CALIBRATION_SAMPLES:
             self.no_load = min(self._low)
+            self._fastest = min(self._fastest, self.no_load)
             self._last_low = now
             self._calibrating, self._measured = False, True
             self.size = int(self._limit)
