@@ -1,4 +1,4 @@
-"""A rollout's per-turn tokens -> one training sample (`rewards/trl/stitch.py`); no servers."""
+"""A rollout's per-turn tokens -> one training sample (`rewards/client/stitch.py`); no servers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nemo_gym_grpc.rewards.client import outcomes
-from nemo_gym_grpc.rewards.trl.stitch import Sample, StitchError, failed_sample, stitch
+from nemo_gym_grpc.rewards.client.stitch import Sample, StitchError, failed_sample, stitch
 from nemo_gym_grpc.v1 import rollout_pb2
 
 

@@ -23,8 +23,8 @@ import requests
 from nemo_gym_grpc.rewards import arun_rollouts, run_rollouts
 from nemo_gym_grpc.rewards.client import settings
 from nemo_gym_grpc.rewards.client.outcomes import Failure
+from nemo_gym_grpc.rewards.client.stitch import stitch
 from nemo_gym_grpc.rewards.trl.rollout_func import rollout_output
-from nemo_gym_grpc.rewards.trl.stitch import stitch
 from nemo_gym_grpc.v1 import rollout_pb2
 from tests.support import closed_port, example_rows
 from tests.support import start_bridge as _start_bridge

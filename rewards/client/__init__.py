@@ -13,6 +13,8 @@
 - `policy`: what failed items give (`on_error`, `max_failure_fraction`, `ScoringError`).
 - `convert`: reward-function arguments -> `VerifyRequest`s, and the `Batch` of one call.
 - `rollouts`: NeMo Gym rows -> `RunRequest`s, and `run_rollouts` / `arun_rollouts`.
+- `stitch`: a multi-turn rollout's per-turn tokens -> one training sample (TRL, axolotl,
+  SkyRL).
 - `sessions`: NeMo Gym sessions (`SessionService`): `SessionClient`, `AsyncSessionClient`.
 
 Importing this package sets gRPC's fork support first (`per_process`), before any of these

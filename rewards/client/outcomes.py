@@ -21,7 +21,7 @@ from grpc_status import rpc_status
 
 from nemo_gym_grpc.v1 import rollout_pb2, verify_pb2
 
-# A rollout without the tokens a trainer needs (decided by `trl/stitch.py`): no model call returned
+# A rollout without the tokens a trainer needs (decided by `stitch.py`): no model call returned
 # token ids (the agent's policy model is not `vllm_model` with `return_token_id_information`)
 # or nothing was generated; a turn's prompt does not continue the previous turn's prompt and
 # generation; a turn's logprobs do not match its generated tokens.

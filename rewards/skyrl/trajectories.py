@@ -2,7 +2,7 @@
 skyrl/train/generators/base.py), from one `RunOutcome` per trajectory. Pure: no skyrl import,
 no I/O.
 
-A rollout becomes one sequence as for TRL (rewards/trl/stitch.py): the first model call's
+A rollout becomes one sequence as for TRL (rewards/client/stitch.py): the first model call's
 prompt ids, then the generated and observation tokens of every turn, the loss mask 1 on
 generated tokens only, the policy's logprobs (0.0 on observation tokens). A rollout that failed
 or was masked (`mask_sample`), or whose turns cannot be stitched, has no verdict, and GRPO must
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from nemo_gym_grpc.rewards.client.outcomes import Failure, RunOutcome
+from nemo_gym_grpc.rewards.client.stitch import Sample, sample_of
 from nemo_gym_grpc.rewards.trl.logs import failure_text
-from nemo_gym_grpc.rewards.trl.stitch import Sample, sample_of
 
 FAILED = "nemo_gym_failed"  # stop reason of a failed rollout
 GROUP_FAILED = "nemo_gym_group_failed"  # of a rollout whose group-mate failed

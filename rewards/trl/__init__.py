@@ -10,7 +10,6 @@
 - `rows`: from TRL's prompts back to the dataset rows.
 - `unscorable`: `nemo_gym_reward_funcs`, NeMo Gym's function beside others, a failed NeMo Gym
   item None in every column.
-- `stitch`: a multi-turn rollout's per-turn tokens -> one training sample.
 
 The public names are exported by `nemo_gym_grpc.rewards`.
 """

@@ -2,7 +2,7 @@
 `num_generations` rollouts each, and what a finished group gives the trainer. No I/O.
 
 A rollout's outcome becomes a training sample by `stitch.sample_of` (the stitching of
-`stitch.py`, the same as for `rollout_func`); a `Failure` (agent down, deadline, a masked
+`client/stitch.py`, the same as for `rollout_func`); a `Failure` (agent down, deadline, a masked
 sample, tokens that cannot be stitched) gives none. When every rollout of a group has its
 outcome (`close`):
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_gym_grpc.rewards.client.outcomes import Failure, RunOutcome
-from nemo_gym_grpc.rewards.trl.stitch import Sample, sample_of
+from nemo_gym_grpc.rewards.client.stitch import Sample, sample_of
 
 ADVANTAGE_EPSILON = 1e-8  # TRL 1.16's `scored.std() + 1e-8`
 

@@ -14,7 +14,7 @@ NaN for a failed rollout), `num_turns` and `rollout_error` (None, or `logs.failu
 failure's cause, e.g. "UNAVAILABLE (AGENT_UNAVAILABLE)", and NeMo Gym's `failure_kind` /
 `failure_reason` when it sent them), so `reward_funcs=[reward_env]` trains on the agent's
 rewards and logs `rollout_error` to TRL's completions table. Tokens are stitched across turns
-as `stitch.py` says.
+as `client/stitch.py` says.
 
 From prompt to dataset row: each prompt is looked up among the dataset rows (`rows.py`): the
 trainer's own `train_dataset` and `eval_dataset` by default, or the `rows` given. The NeMo Gym
@@ -38,9 +38,9 @@ from typing import Any
 
 from nemo_gym_grpc.rewards.client import policy, rollouts, settings
 from nemo_gym_grpc.rewards.client.outcomes import Failure, RunOutcome
+from nemo_gym_grpc.rewards.client.stitch import failed_sample, sample_of
 from nemo_gym_grpc.rewards.trl import logs
 from nemo_gym_grpc.rewards.trl.rows import RowIndex, nemo_gym_row, trainer_datasets
-from nemo_gym_grpc.rewards.trl.stitch import failed_sample, sample_of
 
 log = logging.getLogger("nemo_gym_grpc.rewards")
 
