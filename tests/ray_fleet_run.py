@@ -18,6 +18,9 @@ Steps ({"do": ..., ...}):
   with "killed" (actor pid) and "answered_before_kill"; "wait_restart" (address) waits until
   the registry shows that node's bridge again, restarted -> its entry and "restart_seconds"
   (from the kill until it served again); "sleep" (seconds).
+- "shares" (on, want): waits up to 60 s until each bridge on those addresses reports `want`
+  limiters sharing each upstream's queue (`nemo_gym_grpc_sharing_limiters`) -> {address: the
+  last value read}.
 
 Callers are detached actors named per node (made once, reused by later drivers), holding no
 CPU; the bridges' metrics port is METRICS_PORT on every node (serve args must set it).
@@ -107,8 +110,9 @@ def caller(address: str) -> Any:
     )
 
 
-def answered(address: str) -> float:
-    """Items the bridge on `address` answered so far (0 while it does not serve metrics)."""
+def metric(address: str, name: str) -> float:
+    """The sum of the bridge on `address`'s samples called `name` (0 while it does not serve
+    metrics)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -119,7 +123,21 @@ def answered(address: str) -> float:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return sum(v for (name, _), v in samples.items() if name == "nemo_gym_grpc_items_total")
+    return sum(v for (found, _), v in samples.items() if found == name)
+
+
+def answered(address: str) -> float:
+    """Items the bridge on `address` answered so far (0 while it does not serve metrics)."""
+    return metric(address, "nemo_gym_grpc_items_total")
+
+
+def shares(addresses: list[str], want: float) -> dict[str, float]:
+    deadline = time.monotonic() + 60
+    while True:
+        found = {a: metric(a, "nemo_gym_grpc_sharing_limiters") for a in addresses}
+        if set(found.values()) == {want} or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 def score(step: dict[str, Any]) -> dict[str, Any]:
@@ -204,6 +222,8 @@ def run(step: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
         case "sleep":
             time.sleep(step["seconds"])
             return {}
+        case "shares":
+            return shares(step["on"], step["want"])
     raise ValueError(f"unknown step {step}")
 
 

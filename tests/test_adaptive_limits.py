@@ -3,7 +3,8 @@ QUEUE_LOW..QUEUE_HIGH calls at a CPU-bound server, grows to the ceiling on a ser
 does not grow with load (a burst's first answers at a cold server do not grow it by a burst),
 drops at once from far past the knee, steps down no further than the queue it saw, follows a
 latency step both ways, re-measures a slow server rarely, is shared by two bridges in front of
-one server (bridges told their share keep one queue between them), ignores failures, and the
+one server (bridges told their share keep one queue between them, also when told while they
+run), ignores failures, and the
 slots of a replica follow it.
 
 The first tests drive the rule with server models (`run`: latency as a function of the calls
@@ -25,7 +26,7 @@ import aiohttp
 import pytest
 from prometheus_client import generate_latest
 
-from nemo_gym_grpc.bridge.flows.balancer import Replica
+from nemo_gym_grpc.bridge.flows.balancer import Balancer, Replica
 from nemo_gym_grpc.bridge.flows.limits import GROWTH, INITIAL_LIMIT, QUEUE_HIGH, QUEUE_LOW, Limit
 from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.bridge.nemo_gym.replies import ReplyBudget
@@ -216,19 +217,39 @@ def test_two_bridges_in_front_of_one_server_share_its_queue():
     assert all(abs(a - b) <= 2 for a, b in settled), settled[-20:]
 
 
-@pytest.mark.parametrize("count", [2, 4, 8])
-def test_bridges_told_their_share_keep_one_queue_between_them(count):
-    limits = [Limit(CEILING, share=count) for _ in range(count)]
+def one_server(limits: list[Limit], samples: int) -> list[int]:
+    """`samples` rounds of one call per limit at a server that answers one call at a time;
+    the limits' total after each round."""
     totals = []
-    for _ in range(8000):
-        total = sum(limit.size for limit in limits)
-        rtt = 0.002 * total  # one server, one call at a time
+    for _ in range(samples):
+        rtt = 0.002 * sum(limit.size for limit in limits)
         Clock.now += 0.001
         totals.append(sum(limit.sample(rtt, limit.size, Clock.now) for limit in limits))
-    late = totals[-2000:]  # about 2 s
-    # together about one bridge's queue of LOW..HIGH (unshared: `count` times that, above)
+    return totals
+
+
+def one_queue(totals: list[int], count: int) -> None:
+    """The last 2,000 totals (about 2 s) are, but for 5%, one bridge's queue of LOW..HIGH
+    (unshared: `count` times that, above)."""
+    late = totals[-2000:]
     settled = [total for total in late if QUEUE_LOW <= total <= QUEUE_HIGH + count]
     assert len(settled) >= 0.95 * len(late), collections.Counter(late).most_common(5)
+
+
+@pytest.mark.parametrize("count", [2, 4, 8])
+def test_bridges_told_their_share_keep_one_queue_between_them(count):
+    one_queue(one_server([Limit(CEILING, share=count) for _ in range(count)], 8000), count)
+
+
+def test_bridges_told_their_share_while_running_come_to_one_queue():
+    balancers = [Balancer(CEILING, adaptive=True) for _ in range(4)]
+    limits = [balancer.replica("http://gym").limit for balancer in balancers]
+    unshared = one_server(limits, 8000)[-2000:]
+    assert sum(unshared) / len(unshared) > 2 * QUEUE_HIGH  # four queues
+    for balancer in balancers:  # what `serve --sharing-bridges-file` does when the fleet grew
+        balancer.reshare(4)
+    one_queue(one_server(limits, 8000), 4)
+    assert balancers[0].replica("http://judge").limit.share == 4  # replicas to come too
 
 
 def test_a_latency_step_is_followed_both_ways():

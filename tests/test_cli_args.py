@@ -376,7 +376,7 @@ def test_help_names_every_flag_and_its_variable(main):
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())  # argparse wraps lines
     flags = [*BridgeConfig.flags(), *PROCESS_FLAGS]
-    assert len(flags) == 48
+    assert len(flags) == 49
     for flag in flags:
         assert flag.name in text
         assert f"[env: {flag.env_var}" in text

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import threading
+import time
 
 import grpc
 from google.rpc import code_pb2
@@ -189,3 +190,26 @@ def test_each_worker_serves_its_own_metrics_on_the_next_port(start_bridge):
     assert sorted(counted) == [0, 1]  # one worker took the connection and counted the item
     # each worker has limits of its own: 3 bridges of 2 workers each keep 1/6 of a queue
     assert [value(samples, "nemo_gym_grpc_sharing_limiters") for samples in scraped] == [6, 6]
+
+
+def test_a_running_bridge_follows_its_sharing_bridges_file(start_bridge, tmp_path):
+    """What the Ray fleet's actors do when the fleet grows (bridge/process/share.py): the
+    number in the file, times the workers, once it changes; a bad value keeps the last."""
+    port, path = _two_free_ports(), tmp_path / "share"
+    bridge = start_bridge(
+        *("--workers", "2", "--metrics-port", str(port)),
+        *("--sharing-bridges", "3", "--sharing-bridges-file", str(path)),
+    )
+    urls = [f"http://127.0.0.1:{p}/metrics" for p in (port, port + 1)]
+    shares = [value(scrape(url), "nemo_gym_grpc_sharing_limiters") for url in urls]
+    assert shares == [6, 6]  # no file yet: --sharing-bridges
+    path.write_text("5\n")
+    for url in urls:
+        samples = wait_for(url, lambda s: value(s, "nemo_gym_grpc_sharing_limiters") == 10)
+        assert value(samples, "nemo_gym_grpc_sharing_limiters") == 10
+    path.write_text("five\n")
+    deadline = time.monotonic() + 10
+    while bridge.stderr_path.read_text().count("not a positive number") < 2:
+        assert time.monotonic() < deadline, bridge.stderr_tail()
+        time.sleep(0.05)
+    assert [value(scrape(url), "nemo_gym_grpc_sharing_limiters") for url in urls] == [10, 10]

@@ -132,6 +132,19 @@ def test_items_per_second_with_1_2_and_3_bridge_nodes(fleet: Fleet) -> None:
     record("items_per_second_by_bridge_nodes", curve)
 
 
+def test_bridges_started_before_the_fleet_grew_keep_their_share_of_its_size(fleet: Fleet) -> None:
+    first = fleet.addresses[:1]
+    _, _, alone, _, grown = fleet.run(
+        {"do": "stop"},
+        fleet.start(first),
+        {"do": "shares", "on": first, "want": 1},
+        fleet.start(),  # two nodes join: their bridges start told 3, the first one is told
+        {"do": "shares", "on": fleet.addresses, "want": 3},
+    )
+    assert alone == {first[0]: 1}
+    assert grown == {address: 3 for address in fleet.addresses}
+
+
 def test_a_bridge_actor_sigkilled_mid_batch_every_item_one_outcome_then_ray_restarts_it(
     fleet: Fleet,
 ) -> None:

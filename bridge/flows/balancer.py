@@ -219,6 +219,14 @@ class Balancer:
             )
         return found
 
+    def reshare(self, share: int) -> None:
+        """Set the limiters that share each replica's queue (`share` above) to `share`, for
+        the replicas called so far and those to come (`serve --sharing-bridges-file`)."""
+        self._share = share
+        for replica in self._replicas.values():
+            if replica.limit is not None:
+                replica.limit.share = share
+
     def replicas(self) -> list[Replica]:
         """Every replica called so far (for metrics)."""
         return list(self._replicas.values())

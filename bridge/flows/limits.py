@@ -105,12 +105,12 @@ class Limit:
     Attributes:
         size: the slots now, calls: `limit`, or LOW_LOAD while re-measuring.
         no_load: the no-load latency now, seconds (inf before the first sample).
+        share: `share` above; may be changed at any time (a fleet that grew).
     """
 
     __slots__ = (
         "_calibrating",
         "_ceiling",
-        "_share",
         "_last_low",
         "_measured",
         "_last_sample",
@@ -118,12 +118,13 @@ class Limit:
         "_low",
         "no_load",
         "_fastest",
+        "share",
         "size",
     )
 
     def __init__(self, ceiling: int, share: int = 1) -> None:
         self._ceiling = ceiling
-        self._share = float(share)
+        self.share = share
         self._limit = float(min(INITIAL_LIMIT, ceiling))
         self._low: list[float] = []  # a re-measurement's no-load latencies
         self._last_low = self._last_sample = 0.0
@@ -154,8 +155,8 @@ class Limit:
         if rtt <= 0.0:
             return self.size
         queued = load * (1.0 - self.no_load / rtt)  # the calls this one found waiting
-        low = max(QUEUE_LOW, 3.0 * math.log10(limit)) / self._share
-        high = max(QUEUE_HIGH, 6.0 * math.log10(limit)) / self._share
+        low = max(QUEUE_LOW, 3.0 * math.log10(limit)) / self.share
+        high = max(QUEUE_HIGH, 6.0 * math.log10(limit)) / self.share
         at_low = load * self.no_load / rtt + low  # the limit at which this queue would be `low`
         noise = rtt < TOLERANCE * self.no_load  # no queue worth the name, however many calls
         first = not self._measured and rtt > 2.0 * self.no_load

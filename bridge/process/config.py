@@ -42,7 +42,7 @@ class BridgeConfig:
     `max_item_bytes`, `max_message_bytes`, `max_reply_bytes`, `max_replies_bytes`,
     `max_stream_bytes` and `max_held_bytes` are bytes (their flags take MiB); `token` is the
     token itself (its flag names a file, its variable holds the token).
-    `reuse_port` has no flag.
+    `reuse_port` and `share_factor` have no flag.
     """
 
     listen: str = option(
@@ -155,6 +155,12 @@ class BridgeConfig:
         "each keeps 1/N of the standing queue the adaptive limit aims for, so that together "
         "they keep one (the Ray fleet sets it; serve --workers W multiplies it by W)",
         type=positive_int, default=1, metavar="N",
+    )  # fmt: skip
+    sharing_bridges_file: Path | None = option(
+        "--sharing-bridges-file",
+        "a file holding the --sharing-bridges number, read at start and whenever it changes, "
+        "so that running bridges follow a fleet that grows (the Ray fleet writes it)",
+        type=Path, metavar="PATH",
     )  # fmt: skip
     retry: RetryPolicy = setting(
         Flag(
@@ -365,8 +371,10 @@ class BridgeConfig:
     metrics_host: str = option(
         "--metrics-host", "address of the metrics server", default="127.0.0.1", metavar="HOST"
     )
-    # Set by `serve --workers N` for its workers: several processes bind the same port.
+    # Set by `serve --workers N` for its workers: several processes bind the same port, and
+    # each one's limiters are one of N per bridge (`sharing_bridges` times N).
     reuse_port: bool = False
+    share_factor: int = 1
 
     @classmethod
     def flags(cls) -> list[Flag]:

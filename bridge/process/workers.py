@@ -78,7 +78,7 @@ def run_workers(config: BridgeConfig, workers: int) -> int:
             ready_file=ready,
             exit_with_parent=True,
             metrics_port=metrics_port,
-            sharing_bridges=config.sharing_bridges * workers,  # each worker has its limits
+            share_factor=workers,  # each worker has its limits
         )
         pid = os.fork()
         if pid == 0:

@@ -14,7 +14,10 @@ workers outlive a SIGKILLed parent by up to a second), so the port is free again
 
 `Registry` holds {node id: the bridge's entry} (`BridgeActor.entry`); every bridge writes its
 entry when it serves and again every REREGISTER_SECONDS, so a restarted registry is whole
-again within that time.
+again within that time. At those times an actor told to follow the fleet's size also writes
+the number of the registry's nodes into its bridge's `--sharing-bridges-file` when it changed
+(`bridge.process.share`): bridges started before the fleet grew then keep their new share of
+each server's queue.
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ def _is_bridge(pid: int) -> bool:
 
 class BridgeActor:
     """One node's bridge (module docstring). Raises RuntimeError from __init__ when the bridge
-    does not serve within `startup_timeout` s or exits first (its output quoted)."""
+    does not serve within `startup_timeout` s or exits first (its output quoted).
+    `follow_share`: keep the bridge's `--sharing-bridges-file` at the fleet's size."""
 
     def __init__(
         self,
@@ -86,6 +90,7 @@ class BridgeActor:
         registry: str,
         namespace: str,
         startup_timeout: float = 120.0,
+        follow_share: bool = False,
     ) -> None:
         context = ray.get_runtime_context()
         self.node_id = context.get_node_id()
@@ -94,9 +99,14 @@ class BridgeActor:
         self.registry = (registry, namespace)
         self.restarted = context.was_current_actor_reconstructed
         self.pidfile = Path(tempfile.gettempdir()) / f"nemo_gym_grpc-{self.node_id[:16]}-{port}.pid"
-        self.command = bridge_command(
-            "--listen", self.target, "--workers", str(workers), "--exit-with-parent", *serve_args
-        )
+        self.sharefile = self.pidfile.with_suffix(".share") if follow_share else None
+        self.share: int | None = None  # the number last written into it
+        self._share_lock = threading.Lock()  # __init__ and the supervising thread write it
+        own = ["--listen", self.target, "--workers", str(workers), "--exit-with-parent"]
+        if self.sharefile:
+            self.sharefile.unlink(missing_ok=True)  # an earlier incarnation's
+            own += ["--sharing-bridges-file", str(self.sharefile)]
+        self.command = bridge_command(*own, *serve_args)
         self.child: Child | None = None
         self.serving_since: float | None = None  # Unix time the bridge served
         self.output: deque[str] = deque(maxlen=OUTPUT_LINES)
@@ -110,6 +120,8 @@ class BridgeActor:
             raise RuntimeError(f"could not start {' '.join(self.command)}: {self.output[-1]}")
         self._wait_ready(startup_timeout)
         self._register()
+        with contextlib.suppress(Exception):  # else at the next re-registration
+            self._write_share()
 
     def _take_over(self) -> None:
         """SIGKILL the process group of the bridge an earlier incarnation left here."""
@@ -146,6 +158,7 @@ class BridgeActor:
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(Exception):
                     self._register(wait=False)
+                    self._write_share()
         self._decided.wait()  # whether it served (a child that never did: __init__ raises)
         if not self.stopping:
             print(f"nemo-gym-grpc bridge {self.child.pid} exited with {code}: actor exits")
@@ -192,6 +205,21 @@ class BridgeActor:
         if wait:
             ray.get(ref, timeout=60)
 
+    def _write_share(self) -> None:
+        """Write the registry's node count (this node's included) into the bridge's
+        `--sharing-bridges-file` when it changed (whole: written aside, then renamed)."""
+        if self.sharefile is None:
+            return
+        registry = ray.get_actor(self.registry[0], namespace=self.registry[1])
+        table: Any = ray.get(registry.table.remote(), timeout=REREGISTER_SECONDS)
+        count = len(set(table) | {self.node_id})
+        with self._share_lock:
+            if count != self.share:
+                aside = self.sharefile.with_suffix(".partial")
+                aside.write_text(f"{count}\n")
+                aside.replace(self.sharefile)
+                self.share = count
+
     def stop(self, grace: float) -> int | None:
         """Drain the bridge (SIGTERM: NOT_SERVING, in-flight calls get its --grace), wait up to
         `grace` s, then SIGKILL its group. Returns its exit status."""
@@ -200,6 +228,8 @@ class BridgeActor:
         if child is None:
             return None
         code = child.stop(grace)
-        with contextlib.suppress(OSError):
-            self.pidfile.unlink()
+        for path in (self.pidfile, self.sharefile):
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    path.unlink()
         return code

@@ -22,8 +22,11 @@ REGISTRY_NAME = "registry"
 DEFAULT_PORT = 50051
 STOP_GRACE = 30.0  # seconds each bridge gets to drain when the fleet stops
 # Flags the fleet sets itself on every bridge (listen on the node's address at the fleet's
-# port, one worker per CPU the actor holds, ready file, stop with the actor).
-OWN_FLAGS = ("--listen", "--workers", "--ready-file", "--exit-with-parent")
+# port, one worker per CPU the actor holds, ready file, stop with the actor, and unless the
+# caller sets --sharing-bridges the file its actor writes the fleet's size into).
+OWN_FLAGS = (
+    "--listen", "--workers", "--ready-file", "--exit-with-parent", "--sharing-bridges-file"
+)  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +56,15 @@ def _check_flags(serve_args: Sequence[str]) -> None:
             raise ValueError(f"{arg}: the fleet sets {', '.join(OWN_FLAGS)} itself")
 
 
+def _sets_share(serve_args: Sequence[str]) -> bool:
+    return any(arg.split("=", 1)[0] == "--sharing-bridges" for arg in serve_args)
+
+
 def with_share(serve_args: Sequence[str], nodes: int) -> list[str]:
     """`serve_args` with `--sharing-bridges NODES` unless they set it: the bridges of `nodes`
     nodes call the same NeMo Gym servers, so each keeps its share of the standing queue
     the adaptive limits aim for at a server (`flows/limits.py`)."""
-    if any(arg.split("=", 1)[0] == "--sharing-bridges" for arg in serve_args):
+    if _sets_share(serve_args):
         return list(serve_args)
     return [*serve_args, "--sharing-bridges", str(max(1, nodes))]
 
@@ -78,8 +85,8 @@ def start_bridges(
             `--token-file PATH`, `--server NAME=URL`); not those of OWN_FLAGS. A bridge
             listens on its node's address, so the bridge refuses to start without TLS, a
             token or `--insecure` (its own rule). `--sharing-bridges` is the number of the
-            fleet's bridges once these are started unless given (`with_share`; bridges
-            started before keep theirs).
+            fleet's bridges once these are started unless given (`with_share`); then every
+            bridge follows the registry's count as the fleet grows (`BridgeActor`).
         port: the TCP port every bridge listens on (the same on every node, so a restarted
             bridge keeps its address).
         cpus: CPUs each bridge actor holds; its `--workers` is that number rounded down, at
@@ -102,6 +109,7 @@ def start_bridges(
         for node in ray.nodes()  # type: ignore[no-untyped-call]
         if node["Alive"] and (nodes is None or node["NodeID"] in nodes)
     ]
+    follow_share = not _sets_share(serve_args)
     serve_args = with_share(serve_args, len(set(bridge_table()) | set(targets)))
     started: list[tuple[Any, Any]] = []  # (actor handle, its `entry` call)
     for node_id in targets:
@@ -116,7 +124,13 @@ def start_bridges(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         )
         handle: Any = actor.remote(
-            list(serve_args), port, max(1, int(cpus)), REGISTRY_NAME, NAMESPACE, startup_timeout
+            list(serve_args),
+            port,
+            max(1, int(cpus)),
+            REGISTRY_NAME,
+            NAMESPACE,
+            startup_timeout,
+            follow_share,
         )
         started.append((handle, handle.entry.remote()))
     _await_started(started)

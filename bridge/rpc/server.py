@@ -25,7 +25,7 @@ from nemo_gym_grpc.bridge.flows.upstreams import AGENTS, Upstreams
 from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.nemo_gym import destinations, framing, http
 from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
-from nemo_gym_grpc.bridge.process import descriptors
+from nemo_gym_grpc.bridge.process import descriptors, share
 from nemo_gym_grpc.bridge.process.allocator import return_large_frees
 from nemo_gym_grpc.bridge.process.checks import check_exposure, check_limits, check_tls
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
@@ -202,7 +202,7 @@ def _flows(
         metrics=metrics,
         rollout_correlation=config.rollout_correlation,
         adaptive_concurrency=config.fixed_concurrency is None,
-        queue_share=config.sharing_bridges,
+        queue_share=config.sharing_bridges * config.share_factor,
     )
     runner = Runner(
         agents,
@@ -343,6 +343,10 @@ async def serve(config: BridgeConfig, stop: asyncio.Event | None = None) -> None
         ]
         if config.exit_with_parent:
             background.append(asyncio.create_task(_watch_parent(stop)))
+        if config.sharing_bridges_file and bridge.verifier.balancer.share is not None:
+            balancer, factor = bridge.verifier.balancer, config.share_factor
+            follow = share.follow(config.sharing_bridges_file, balancer, factor)
+            background.append(asyncio.create_task(follow))
         log.info(
             "nemo-gym-grpc bridge listening on %s (pid %d, %s%s)",
             bridge.address,
