@@ -175,17 +175,22 @@ def test_a_bridge_actor_sigkilled_mid_batch_every_item_one_outcome_then_ray_rest
 
 
 def test_a_nodes_bridge_gone_its_callers_fall_back_to_another_nodes(fleet: Fleet) -> None:
-    gone = fleet.addresses[2]
-    _, dropped, scored, _ = fleet.run(
-        fleet.start(), {"do": "drop", "address": gone}, fleet.score(), fleet.start()
+    gone, alive = fleet.addresses[2], fleet.addresses[:2]
+    _, dropped, scored, shrunk, _ = fleet.run(
+        fleet.start(),
+        {"do": "drop", "address": gone},
+        fleet.score(),
+        {"do": "shares", "on": alive, "want": 2},  # once the gone one's entry lapsed (30 s)
+        fleet.start(),
     )
     assert dropped["killed"]
     record("fallback", {"gone": gone, "by_bridge": scored["bridges"], "callers": scored["callers"]})
     for caller in scored["callers"]:
         assert caller["as_expected"] and caller["none"] == 0, caller
-    assert scored["bridges"][gone] == 0  # no bridge answers there
+    assert scored["bridges"].get(gone, 0) == 0  # no bridge answers there
     others = {a: n for a, n in scored["bridges"].items() if a != gone}
     assert sum(others.values()) == 3 * 400  # the fallen-back caller's items went to another
+    assert shrunk == {address: 2 for address in alive}  # the others' share grew back
 
 
 def test_the_fleet_command_line_starts_lists_and_stops_bridges(fleet: Fleet) -> None:

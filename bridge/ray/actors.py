@@ -14,10 +14,11 @@ workers outlive a SIGKILLed parent by up to a second), so the port is free again
 
 `Registry` holds {node id: the bridge's entry} (`BridgeActor.entry`); every bridge writes its
 entry when it serves and again every REREGISTER_SECONDS, so a restarted registry is whole
-again within that time. At those times an actor told to follow the fleet's size also writes
-the number of the registry's nodes into its bridge's `--sharing-bridges-file` when it changed
-(`bridge.process.share`): bridges started before the fleet grew then keep their new share of
-each server's queue.
+again within that time, and an entry not written again for STALE_SECONDS (a bridge that ended
+for good, a node gone) is left out of the table. At those times an actor told to follow the
+fleet's size also writes the number of the table's nodes into its bridge's
+`--sharing-bridges-file` when it changed (`bridge.process.share`): bridges started before the
+fleet grew or shrank then keep their new share of each server's queue.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import ray
 from nemo_gym_grpc.shared.child import Child, NotReady, bridge_command
 
 REREGISTER_SECONDS = 10.0
+STALE_SECONDS = 3 * REREGISTER_SECONDS
 OUTPUT_LINES = 40  # lines of the bridge's output kept for the message when it fails to start
 _PR_SET_PDEATHSIG = 1
 
@@ -48,19 +50,20 @@ class Registry:
     """{node id: entry} of the fleet's bridges (run as a named, detached Ray actor)."""
 
     def __init__(self) -> None:
-        self.entries: dict[str, dict[str, Any]] = {}
+        self.entries: dict[str, tuple[float, dict[str, Any]]] = {}  # (time.monotonic(), entry)
 
     def register(self, node_id: str, entry: dict[str, Any]) -> None:
         """Record (or replace) the bridge entry of `node_id`."""
-        self.entries[node_id] = entry
+        self.entries[node_id] = (time.monotonic(), entry)
 
     def forget(self, node_id: str) -> None:
         """Drop `node_id`'s entry (its bridge was stopped)."""
         self.entries.pop(node_id, None)
 
     def table(self) -> dict[str, dict[str, Any]]:
-        """Every entry, by node id."""
-        return dict(self.entries)
+        """Every entry registered within STALE_SECONDS, by node id."""
+        since = time.monotonic() - STALE_SECONDS
+        return {node: entry for node, (at, entry) in self.entries.items() if at >= since}
 
 
 def _die_with_parent() -> None:
