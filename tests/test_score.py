@@ -94,6 +94,21 @@ def score_cli(*args: str, env: dict | None = None, timeout: float = 180):
     )
 
 
+def score_example_rollouts(server: str, head_url: str, tmp_path: Path) -> list[dict]:
+    """`score` of `server`'s own data/example_rollouts.jsonl through the head server at
+    `head_url`: its records, after checking that it exited 0, read every verdict field the
+    server sends (no warning) and wrote one record per row."""
+    rows = resources_server_dir(server) / "data" / "example_rollouts.jsonl"
+    out = tmp_path / "out.jsonl"
+    args = [str(rows), "-o", str(out), "--head-url", head_url, "--server", server]
+    done = score_cli(*args, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr
+    records = read_out(out)
+    assert len(records) == len([line for line in rows.read_text().splitlines() if line])
+    return records
+
+
 @pytest.fixture
 def proxied_bridge(nemo_gym, start_bridge):
     """(proxy, bridge): a bridge routing `mcqa` to the real mcqa server through a proxy."""
@@ -325,14 +340,7 @@ def test_nemo_gyms_own_example_rollouts_go_without_their_old_verdict(nemo_gym, s
     # A rollout row carries its old verdict (`reward`, `equivalence_score`, ...); sent back in
     # the /verify body it made every row of equivalence_rule's file HTTP 500 ("got multiple
     # values for keyword argument 'reward'"), written as results with exit 0.
-    rows = resources_server_dir(server) / "data" / "example_rollouts.jsonl"
-    out = tmp_path / "out.jsonl"
-    args = [str(rows), "-o", str(out), "--head-url", nemo_gym.head_url, "--server", server]
-    done = score_cli(*args, "--no-progress")
-    assert done.returncode == 0, done.stderr
-    assert "warning" not in done.stderr  # every server's verdict fields were read
-    records = read_out(out)
-    assert len(records) == len(rows.read_text().splitlines())
+    records = score_example_rollouts(server, nemo_gym.head_url, tmp_path)
     errors = [r["error"] for r in records if r["error"]]
     expected = EXAMPLE_ROLLOUTS[server]
     if expected == "422":

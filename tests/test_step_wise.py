@@ -23,7 +23,7 @@ from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 from tests.support import NemoGymServers, resources_server_dir, start_bridge
 from tests.support.items import mcqa_row
 from tests.support.waiting import wait_until
-from tests.test_score import read_out, score_cli
+from tests.test_score import score_example_rollouts
 
 pytestmark = pytest.mark.nemo_gym_07  # step-wise servers are new in 0.7
 
@@ -55,14 +55,7 @@ def first_row(server: str) -> dict:
 
 @pytest.mark.parametrize("server", STEP_WISE)
 def test_score_scores_a_step_wise_servers_saved_rollouts(step_gym, server, tmp_path):
-    rows = resources_server_dir(server) / "data" / "example_rollouts.jsonl"
-    out = tmp_path / "out.jsonl"
-    args = [str(rows), "-o", str(out), "--head-url", step_gym.head_url, "--server", server]
-    done = score_cli(*args, "--no-progress")
-    assert done.returncode == 0, done.stderr
-    assert "warning" not in done.stderr  # the server's /step verdict fields were read
-    records = read_out(out)
-    assert len(records) == len([line for line in rows.read_text().splitlines() if line])
+    records = score_example_rollouts(server, step_gym.head_url, tmp_path)  # /step's fields
     errors = [r["error"] for r in records if r["error"]]
     if server == "wordle":
         assert len(errors) == len(records)
