@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -39,11 +41,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def scratch() -> Path:
+    """A new temporary folder, removed when this process exits."""
+    folder = tempfile.mkdtemp(prefix="nemo_gym_grpc_walks_")
+    atexit.register(shutil.rmtree, folder, True)
+    return Path(folder)
+
+
 def use_checkout(code: Path) -> None:
     """Import `nemo_gym_grpc` from `code` laid out as installed, not from the editable install."""
     from tests.support.layout import lay_out
 
-    root = lay_out(Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_walks_")), code)
+    root = lay_out(scratch(), code)
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
     sys.path_hooks[:] = [h for h in sys.path_hooks if "editable" not in repr(h)]
     sys.path_importer_cache.clear()
@@ -175,7 +184,7 @@ async def main(recorder: Recorder) -> dict[str, Any]:
     from nemo_gym_grpc.bridge import BridgeConfig, serve
 
     runner, url = await stand_in()
-    ready = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_walks_")) / "ready"
+    ready = scratch() / "ready"
     config = BridgeConfig(servers={"gym": [url]}, agents={"agent": [url]}, ready_file=ready)
     stop = asyncio.Event()
     bridge = asyncio.ensure_future(serve(config, stop))
