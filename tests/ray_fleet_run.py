@@ -132,6 +132,7 @@ def answered(address: str) -> float:
 
 
 def shares(addresses: list[str], want: float) -> dict[str, float]:
+    """The "shares" step (module docstring)."""
     deadline = time.monotonic() + 60
     while True:
         found = {a: metric(a, "nemo_gym_grpc_sharing_limiters") for a in addresses}

@@ -4,8 +4,7 @@ does not grow with load (a burst's first answers at a cold server do not grow it
 drops at once from far past the knee, steps down no further than the queue it saw, follows a
 latency step both ways, re-measures a slow server rarely, is shared by two bridges in front of
 one server (bridges told their share keep one queue between them, also when told while they
-run), ignores failures, and the
-slots of a replica follow it.
+run), ignores failures, and the slots of a replica follow it.
 
 The first tests drive the rule with server models (`run`: latency as a function of the calls
 in flight; `serve`: each call's answer time from when it was sent), a stand-in for the

@@ -138,7 +138,7 @@ def test_bridges_started_before_the_fleet_grew_keep_their_share_of_its_size(flee
         {"do": "stop"},
         fleet.start(first),
         {"do": "shares", "on": first, "want": 1},
-        fleet.start(),  # two nodes join: their bridges start told 3, the first one is told
+        fleet.start(),  # two nodes join: their bridges start told 3, the first is told by its actor
         {"do": "shares", "on": fleet.addresses, "want": 3},
     )
     assert alone == {first[0]: 1}

@@ -159,7 +159,7 @@ class BridgeConfig:
     sharing_bridges_file: Path | None = option(
         "--sharing-bridges-file",
         "a file holding the --sharing-bridges number, read at start and whenever it changes, "
-        "so that running bridges follow a fleet that grows (the Ray fleet writes it)",
+        "so that running bridges follow a fleet that grows or shrinks (the Ray fleet writes it)",
         type=Path, metavar="PATH",
     )  # fmt: skip
     retry: RetryPolicy = setting(

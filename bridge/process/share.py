@@ -5,7 +5,7 @@ Each bridge's adaptive limits keep 1/N of a server's standing queue when N bridg
 (`flows.limits`, `--sharing-bridges`). A Ray fleet that grows starts its new bridges with the
 new N, but those already running keep the N they started with, so each would keep a larger
 share than its own and the server a longer queue than the limits aim for. The fleet's actors
-write the number into a file per bridge as the fleet's registry grows (`ray.actors`), and the
+write the number into a file per bridge as the fleet's registry changes (`ray.actors`), and the
 bridge reads that file again whenever it changes (its modification time or size), checked
 every POLL_SECONDS.
 """
