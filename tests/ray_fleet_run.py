@@ -18,7 +18,7 @@ Steps ({"do": ..., ...}):
   with "killed" (actor pid) and "answered_before_kill"; "wait_restart" (address) waits until
   the registry shows that node's bridge again, restarted -> its entry and "restart_seconds"
   (from the kill until it served again); "sleep" (seconds).
-- "shares" (on, want): waits up to 60 s until each bridge on those addresses reports `want`
+- "shares" (on, want): waits up to 90 s until each bridge on those addresses reports `want`
   limiters sharing each upstream's queue (`nemo_gym_grpc_sharing_limiters`) -> {address: the
   last value read}.
 
@@ -133,7 +133,7 @@ def answered(address: str) -> float:
 
 def shares(addresses: list[str], want: float) -> dict[str, float]:
     """The "shares" step (module docstring)."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 90
     while True:
         found = {a: metric(a, "nemo_gym_grpc_sharing_limiters") for a in addresses}
         if set(found.values()) == {want} or time.monotonic() > deadline:
