@@ -19,7 +19,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -115,10 +114,9 @@ def main() -> None:
     args = parser.parse_args()
     env = {}
     if args.code:
-        from tests.support.layout import lay_out
+        from tests.support.layout import laid_out_elsewhere
 
-        folder = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_layout_"))
-        env["PYTHONPATH"] = str(lay_out(folder, args.code.resolve()))
+        env["PYTHONPATH"] = str(laid_out_elsewhere(args.code))
     print(json.dumps(run(env, args.servers, args.seconds)), flush=True)
 
 

@@ -183,11 +183,9 @@ def main() -> None:
     args = parser.parse_args()
     env = {}
     if args.code:
-        from tests.support.layout import lay_out
+        from tests.support.layout import laid_out_elsewhere
 
-        env["PYTHONPATH"] = str(
-            lay_out(Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_layout_")), args.code.resolve())
-        )
+        env["PYTHONPATH"] = str(laid_out_elsewhere(args.code))
     for name in args.case or CASES:
         print(name, json.dumps(run_case(name, sys.executable, env, args.flags.split())), flush=True)
 

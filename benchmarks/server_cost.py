@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +38,7 @@ from benchmarks.clients import Item
 from nemo_gym_grpc.rewards.client import stream
 from nemo_gym_grpc.rewards.client.outcomes import Failure
 from tests.support import NemoGymServers, example_rows, start_bridge
-from tests.support.layout import lay_out
+from tests.support.layout import laid_out_elsewhere
 
 # Path name -> the bridge flags that make it (the issue's table).
 PATHS: dict[str, tuple[str, ...]] = {
@@ -191,7 +190,7 @@ def server_cost(
         runs: Runs = {"direct": (lambda: clients.fanout(verify_url, items, DIRECT_CONCURRENCY), ())}
         pids: list[int] = []
         variants: list[tuple[str, dict[str, str] | None]] = [("", None)]
-        variants += [(f"{n}:", {"PYTHONPATH": str(laid_out(c))}) for n, c in codes]
+        variants += [(f"{n}:", {"PYTHONPATH": str(laid_out_elsewhere(c))}) for n, c in codes]
         for prefix, env, path in ((p, e, path) for p, e in variants for path in paths):
             name = prefix + path
             bridges, flags = SHARED.get(path, (1, PATHS.get(path, ())))
@@ -222,11 +221,6 @@ def server_cost(
             "rounds": measured,
             "median": summary(measured),
         }
-
-
-def laid_out(checkout: Path) -> Path:
-    """`checkout`'s packages laid out as installed in a new temporary folder (for PYTHONPATH)."""
-    return lay_out(Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_code_")), checkout.resolve())
 
 
 def scenario(s, rows: list[dict], log) -> dict:

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import json
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -41,18 +39,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def scratch() -> Path:
-    """A new temporary folder, removed when this process exits."""
-    folder = tempfile.mkdtemp(prefix="nemo_gym_grpc_walks_")
-    atexit.register(shutil.rmtree, folder, True)
-    return Path(folder)
-
-
 def use_checkout(code: Path) -> None:
     """Import `nemo_gym_grpc` from `code` laid out as installed, not from the editable install."""
-    from tests.support.layout import lay_out
+    from tests.support.layout import laid_out_elsewhere
 
-    root = lay_out(scratch(), code)
+    root = laid_out_elsewhere(code)
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
     sys.path_hooks[:] = [h for h in sys.path_hooks if "editable" not in repr(h)]
     sys.path_importer_cache.clear()
@@ -184,7 +175,8 @@ async def main(recorder: Recorder) -> dict[str, Any]:
     from nemo_gym_grpc.bridge import BridgeConfig, serve
 
     runner, url = await stand_in()
-    ready = scratch() / "ready"
+    folder = tempfile.TemporaryDirectory(prefix="nemo_gym_grpc_walks_")
+    ready = Path(folder.name) / "ready"
     config = BridgeConfig(servers={"gym": [url]}, agents={"agent": [url]}, ready_file=ready)
     stop = asyncio.Event()
     bridge = asyncio.ensure_future(serve(config, stop))
@@ -201,6 +193,7 @@ async def main(recorder: Recorder) -> dict[str, Any]:
         stop.set()
         await bridge
         await runner.cleanup()
+        folder.cleanup()
     return walks
 
 

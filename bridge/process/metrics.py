@@ -21,8 +21,8 @@
   each replica's adaptive limit and the no-load latency it was found from (`flows/limits.py`;
   none with `--fixed-concurrency`), by `upstream`;
 - `nemo_gym_grpc_sharing_limiters` (gauge): the adaptive limiters that share each upstream's
-  standing queue, this process's included (`--sharing-bridges` times `--workers`; none with
-  `--fixed-concurrency`);
+  standing queue, this process's included (`--sharing-bridges`, or the number in
+  `--sharing-bridges-file`, times `--workers`; none with `--fixed-concurrency`);
 - `nemo_gym_grpc_active_streams` / `nemo_gym_grpc_streams_waiting` (gauges): VerifyStream
   and RunStream calls open / waiting for a place (`--max-streams`);
 - `nemo_gym_grpc_reply_bytes` / `nemo_gym_grpc_replies_waiting` (gauges): bytes of NeMo Gym

@@ -6,6 +6,9 @@ on another checkout)."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 
 import tomllib
@@ -29,3 +32,12 @@ def lay_out(root: Path, code: Path = REPO) -> Path:
         if not link.is_symlink():
             link.symlink_to(code / folder, target_is_directory=True)
     return root
+
+
+def laid_out_elsewhere(code: Path) -> Path:
+    """The checkout `code` laid out (`lay_out`) in a new temporary folder that is removed when
+    this process exits (the links only, not what they point to); that folder, for
+    PYTHONPATH / sys.path (a benchmark's `--code`)."""
+    root = tempfile.mkdtemp(prefix="nemo_gym_grpc_layout_")
+    atexit.register(shutil.rmtree, root, True)
+    return lay_out(Path(root), code.resolve())
