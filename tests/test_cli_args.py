@@ -133,6 +133,14 @@ def test_serve_refuses_bad_values(main, flag, value):
             ["--max-reply-mb", "8", "--max-replies-mb", "4"],
             "--max-replies-mb 4 is below --max-reply-mb 8",
         ),
+        (
+            ["--fixed-concurrency", "8", "--sharing-bridges", "2"],
+            "with --fixed-concurrency there is none",
+        ),
+        (
+            ["--fixed-concurrency", "8", "--sharing-bridges-file", "share"],
+            "with --fixed-concurrency there is none",
+        ),
     ],
 )
 def test_serve_refuses_options_that_contradict_each_other(main, args, needle):

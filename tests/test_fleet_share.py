@@ -24,6 +24,8 @@ def test_the_fleet_adds_its_node_count_unless_given():
     assert with_share([*args, "--sharing-bridges", "8"], 3) == [*args, "--sharing-bridges", "8"]
     assert with_share(["--sharing-bridges=8"], 3) == ["--sharing-bridges=8"]
     assert with_share([], 0) == ["--sharing-bridges", "1"]
+    fixed = ["--fixed-concurrency", "8"]
+    assert with_share(fixed, 3) == fixed  # no adaptive limit: nothing to share
 
 
 def test_the_flag_reaches_the_config():

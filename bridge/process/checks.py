@@ -68,8 +68,9 @@ def check_limits(config: BridgeConfig) -> None:
     Raises:
         ValueError: a limit below 1, `max_batch_items` over `max_stream_items` (a message
             is parsed whole, so a bigger one would break the bound on items held per stream),
-            `--max-replies-mb` below `--max-reply-mb`,
-            or a name given both to `--agent` and `--environment-server`.
+            `--max-replies-mb` below `--max-reply-mb`, a name given both to `--agent` and
+            `--environment-server`, or `--sharing-bridges` (other than 1) or
+            `--sharing-bridges-file` with `--fixed-concurrency`, which has no limit to share.
     """
     both = sorted(set(config.agents) & set(config.environment_servers))
     if both:
@@ -87,6 +88,13 @@ def check_limits(config: BridgeConfig) -> None:
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
+    if config.fixed_concurrency is not None and (
+        config.sharing_bridges != 1 or config.sharing_bridges_file is not None
+    ):
+        raise ValueError(
+            "--sharing-bridges and --sharing-bridges-file share the adaptive limit's standing "
+            "queue; with --fixed-concurrency there is none: leave them out"
+        )
     if config.max_replies_bytes < config.max_reply_bytes:
         raise ValueError(
             f"--max-replies-mb {config.max_replies_bytes / MiB:g} is below --max-reply-mb "

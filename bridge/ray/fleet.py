@@ -57,7 +57,10 @@ def _check_flags(serve_args: Sequence[str]) -> None:
 
 
 def _sets_share(serve_args: Sequence[str]) -> bool:
-    return any(arg.split("=", 1)[0] == "--sharing-bridges" for arg in serve_args)
+    """Whether `serve_args` leave the fleet no share to set: they give `--sharing-bridges`,
+    or `--fixed-concurrency` (no adaptive limit, no standing queue to share)."""
+    own = ("--sharing-bridges", "--fixed-concurrency")
+    return any(arg.split("=", 1)[0] in own for arg in serve_args)
 
 
 def with_share(serve_args: Sequence[str], nodes: int) -> list[str]:
