@@ -5,23 +5,28 @@
   episode (`/reset` with the row, `/step` with the row and its response, in one session);
   before, every row failed and the run exited 1;
 - `ListResourcesServers` says which servers are step-wise;
-- a session on one is an episode: OpenSession resets it (the observation is the seed reply),
-  `Step` acts until it terminates; `VerifySession` there, or `Step` on a server that is not
-  step-wise (mcqa), fails NOT_STEP_WISE.
+- a session on one is an episode: OpenSession resets it (the observation is the seed reply,
+  `step_wise` set), `Step` acts until it terminates, which closes the session; `VerifySession`
+  there, or `Step` on a server that is not step-wise (mcqa), fails NOT_STEP_WISE;
+- SkyRL's `NemoGymEnv` (real skyrl-gym) plays such an episode as NeMo Gym's gymnasium agent
+  does: the observations as `user` turns, each step's reward, done when the server ends it or
+  at `max_turns`. The model's turns are written by the test (no LLM runs here).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
 
 from nemo_gym_grpc.rewards.client.sessions import SessionClient, SessionError
-from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from nemo_gym_grpc.v1 import session_pb2, verify_pb2, verify_pb2_grpc
 from tests.support import NemoGymServers, resources_server_dir, start_bridge
 from tests.support.items import mcqa_row
+from tests.support.missing import missing
 from tests.support.waiting import wait_until
 from tests.test_score import score_example_rollouts
 
@@ -87,7 +92,7 @@ def test_step_wise_servers_are_listed_as_such(bridge):
 def test_a_blackjack_episode_in_a_session(bridge):
     row = first_row("blackjack")
     with SessionClient(bridge.target) as client, client.open("blackjack", row) as session:
-        assert "Your hand" in session.seed_reply["observation"]
+        assert session.step_wise and "Your hand" in session.seed_reply["observation"]
         with pytest.raises(SessionError) as refused:
             session.verify(completion="<action>stand</action>", row=row)
         assert refused.value.failure.reason == "NOT_STEP_WISE"
@@ -97,6 +102,10 @@ def test_a_blackjack_episode_in_a_session(bridge):
             steps.append(session.step(completion=f"<action>{action}</action>", row=row))
             if steps[-1].terminated:
                 break
+        with pytest.raises(SessionError) as gone:  # the episode ended, and its session
+            session.step(completion="<action>stand</action>", row=row)
+        assert gone.value.failure.reason == "SESSION_NOT_FOUND"
+        assert session.close() is False
     *going, last = steps
     assert all(s.observation and s.reward == 0.0 and not s.terminated for s in going)
     assert last.terminated and not last.HasField("observation")
@@ -106,6 +115,75 @@ def test_a_blackjack_episode_in_a_session(bridge):
 
 def test_step_on_a_session_that_is_not_step_wise_fails_not_step_wise(bridge):
     with SessionClient(bridge.target) as client, client.open("mcqa", mcqa_row()) as session:
+        assert not session.step_wise
         with pytest.raises(SessionError) as refused:
             session.step(completion="\\boxed{A}", row=mcqa_row())
     assert refused.value.failure.reason == "NOT_STEP_WISE"
+
+
+def skyrl_env(target: str, server: str, row: dict, max_turns: int) -> Any:
+    """A NemoGymEnv made by real skyrl_gym, as SkyRL's generator makes its envs."""
+    try:
+        import skyrl_gym
+
+        from nemo_gym_grpc.rewards.skyrl import register
+    except ImportError as exc:
+        missing(f"skyrl-gym is not installed ({exc}); pip install '.[skyrl]'")
+    register()
+    extras = {"nemo_gym_row": row, "resources_server": server, "max_turns": max_turns}
+    return skyrl_gym.make("nemo_gym", env_config={"bridge": target}, extras=extras)
+
+
+def test_skyrl_plays_a_multi_turn_episode_and_gets_each_steps_reward(bridge):
+    row = first_row("example_multi_turn_gymnasium")  # France; two follow-ups; "Eiffel"
+    env = skyrl_env(bridge.target, "example_multi_turn_gymnasium", row, max_turns=8)
+    prompt, _ = env.init([{"role": "user", "content": "What is the capital of France?"}])
+    assert len(prompt) == 1  # this server's /reset has no observation
+    outs = [env.step(text) for text in ("Paris.", "About 2 million.", "The Eiffel Tower.")]
+    assert [o["observations"] for o in outs] == [
+        [{"role": "user", "content": row["follow_ups"][0]}],
+        [{"role": "user", "content": row["follow_ups"][1]}],
+        [],
+    ]
+    assert [(o["reward"], o["done"]) for o in outs] == [(0.0, False), (0.0, False), (1.0, True)]
+    assert outs[-1]["metadata"]["terminated"]
+    wrong = skyrl_env(bridge.target, "example_multi_turn_gymnasium", row, max_turns=8)
+    wrong.init([])
+    assert [wrong.step("No idea.")["reward"] for _ in range(3)] == [0.0, 0.0, 0.0]
+
+
+def test_skyrl_adds_the_first_observation_and_ends_at_the_servers_end(bridge):
+    env = skyrl_env(bridge.target, "blackjack", first_row("blackjack"), max_turns=16)
+    prompt, _ = env.init([{"role": "user", "content": "Deal me in."}])
+    assert prompt[-1]["role"] == "user" and "Your hand" in prompt[-1]["content"]
+    outs = [env.step("<action>hit</action>")]
+    while not outs[-1]["done"]:  # a hand busts within 11 cards
+        assert outs[-1]["observations"][0]["content"].startswith("Your hand")
+        outs.append(env.step("<action>hit</action>"))
+    assert outs[-1]["reward"] == -1.0 and outs[-1]["metadata"]["info"]["result"] == "bust"
+    assert all(o["reward"] == 0.0 for o in outs[:-1])
+
+
+def test_skyrl_cuts_the_episode_at_max_turns_and_closes_its_session(bridge):
+    row = first_row("example_multi_turn_gymnasium")
+    env = skyrl_env(bridge.target, "example_multi_turn_gymnasium", row, max_turns=2)
+    env.init([])
+    session_id = env.session.id
+    assert env.step("Paris.")["done"] is False
+    last = env.step("About 2 million.")
+    assert last["done"] and last["observations"] == [] and not last["metadata"]["terminated"]
+    with SessionClient(bridge.target) as client:  # the bridge holds it no longer
+        reply = client.stub.CloseSession(session_pb2.CloseSessionRequest(session_id=session_id))
+    assert reply.closed is False
+
+
+def test_skyrl_raises_when_the_step_wise_session_is_lost(bridge):
+    env = skyrl_env(bridge.target, "blackjack", first_row("blackjack"), max_turns=16)
+    env.init([])
+    with SessionClient(bridge.target) as client:  # as if its lease ran out
+        client.stub.CloseSession(session_pb2.CloseSessionRequest(session_id=env.session.id))
+    from nemo_gym_grpc.rewards.skyrl.env import NemoGymEnvError
+
+    with pytest.raises(NemoGymEnvError) as raised:
+        env.step("<action>stand</action>")
+    assert raised.value.step == "step" and raised.value.failure.reason == "SESSION_NOT_FOUND"

@@ -6,8 +6,9 @@ id (its `resources_session_id`); `call_tool` posts to `/<tool>`, `verify` to `/v
 to a step-wise server's `/step`, each with the session's latest cookies (NeMo Gym keeps session
 state in a signed cookie a reply may set again) on the replica that seeded it;
 `close` takes it out of the table and posts `/close_session` where the replica has it. A
-session leaves the table exactly once: on `close`, when it was idle (no call in progress) past
-its lease, or when the bridge stops (`aclose`); each way closes it upstream.
+session leaves the table exactly once: on `close`, after a step that ended the episode
+(terminated or truncated), when it was idle (no call in progress) past its lease, or when the
+bridge stops (`aclose`); each way closes it upstream.
 
 Each call is one upstream POST on the one upstream call path (`upstream.post`), in one of the
 replica's slots, with its own timeout cut to the RPC deadline; none is retried (a tool call or
@@ -242,7 +243,7 @@ class Sessions:
         self, request: session_pb2.StepRequest, deadline: float | None
     ) -> tuple[session_pb2.StepResult, float]:
         """(what the environment answered to `request.item`'s action, the `/step` call's
-        seconds) in a step-wise session.
+        seconds) in a step-wise session; one that ends the episode closes the session.
 
         Raises:
             errors.ItemError: NOT_FOUND / SESSION_NOT_FOUND, FAILED_PRECONDITION /
@@ -258,6 +259,8 @@ class Sessions:
         with _busy(session):
             reply = await self._post(session, STEP_PATH, payload, item.timeout_seconds, deadline)
         result = upstream.read(reply, session.replica.url + STEP_PATH, read_step_reply)
+        if result.terminated or result.truncated:
+            self.close(request.session_id)
         return result, reply.seconds
 
     def close(self, session_id: str) -> bool:

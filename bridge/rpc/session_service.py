@@ -55,6 +55,7 @@ class SessionService(session_pb2_grpc.SessionServiceServicer):
             seed_reply_json=reply.body.decode("utf-8", "replace"),
             lease_seconds=session.lease,
             latency_seconds=reply.seconds,
+            step_wise=session.step_wise,
         )
 
     async def CallTool(

@@ -185,8 +185,9 @@ class _Opened:
     Attributes:
         id: its id (its `resources_session_id` upstream).
         resources_server: where it lives.
-        seed_reply: the `/seed_session` reply (e.g. 0.7's `resources_tools`).
+        seed_reply: the `/seed_session` reply (0.7's `resources_tools`), or `/reset`'s.
         lease_seconds: how long it may stay idle before the bridge closes it.
+        step_wise: an episode of a step-wise server: act with `step`, not `verify`.
     """
 
     def __init__(self, client: Any, reply: session_pb2.OpenSessionResponse, server: str) -> None:
@@ -194,6 +195,7 @@ class _Opened:
         self.id, self.seed_reply = opened(reply)
         self.resources_server = server
         self.lease_seconds = reply.lease_seconds
+        self.step_wise = reply.step_wise
 
 
 class Session(_Opened):

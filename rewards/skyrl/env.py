@@ -8,6 +8,14 @@ Gym session through the bridge (docs/skyrl.md).
   in the session, closed after; its reward is the step's;
 - `close()` closes a session still open (an episode cut short).
 
+On a step-wise server (NeMo Gym 0.7's gymnasium-style servers: `/reset` and `/step`, e.g.
+blackjack, wordle) the episode is the server's, as NeMo Gym's own gymnasium agent drives it:
+`init` resets it and adds the first observation to the prompt as a `user` message; `step` sends
+each model turn to `/step` (the bridge's `Step`) and answers with the tool outputs the step
+returned (`tool` messages) and the next observation (`user`); its reward is the step's (SkyRL
+places each at the end of its turn); the episode ends when the server terminates or truncates
+it, or at the `max_turns`-th turn (the session is then closed).
+
 The row comes in `extras` (SkyRL passes every dataset column but the prompt there):
 `nemo_gym_row` (the NeMo Gym dataset row, a dict or its JSON text) and `resources_server` (its
 resources server's name). The bridge: `env_config["bridge"]`, else `NEMO_GYM_GRPC_TARGET`, else
@@ -44,7 +52,7 @@ _clients_lock = threading.Lock()
 
 class NemoGymEnvError(RuntimeError):
     """A step that failed for reasons not the model's; `failure` is the bridge's typed one
-    (`outcomes.Failure`) and `step` says which ("open", "tool", "verify")."""
+    (`outcomes.Failure`) and `step` says which ("open", "tool", "verify", "step")."""
 
     def __init__(self, step: str, exc: SessionError) -> None:
         super().__init__(f"NeMo Gym {step} failed: {exc}")
@@ -101,11 +109,17 @@ class NemoGymEnv(BaseTextEnv):
             self.session = client_of(target).open(self.server, self.row, timeout=self.timeout)
         except SessionError as exc:
             raise NemoGymEnvError("open", exc) from None
+        observation = self.session.seed_reply.get("observation")
+        if self.session.step_wise and observation:
+            prompt = [*prompt, {"role": "user", "content": str(observation)}]
         return prompt, {"nemo_gym_session": self.session.id}
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         """One model turn (module docstring). Raises NemoGymEnvError."""
         self.turns += 1
+        assert self.session is not None, "init() opens the session"
+        if self.session.step_wise:
+            return self._stepped(action)
         calls = tool_calls(action)
         if not calls or self.turns >= self.max_turns:
             return self._verified(action)
@@ -150,6 +164,27 @@ class NemoGymEnv(BaseTextEnv):
         self.episode.called(call, result)
         return result
 
+    def _stepped(self, text: str) -> BaseTextEnvStepOutput:
+        """The server's `/step` of one model turn in a step-wise episode."""
+        assert self.session is not None, "init() opens the session"
+        try:
+            result = self.session.step(completion=text, row=self.row, timeout=self.timeout)
+        except SessionError as exc:
+            self.close()
+            raise NemoGymEnvError("step", exc) from None
+        info = json.loads(result.info_json) if result.info_json else {}
+        ended = result.terminated or result.truncated
+        if ended:
+            self.session = None  # the server ended its episode, and the bridge its session
+        elif self.turns >= self.max_turns:
+            self.close()
+        observations = [] if self.session is None else _observations(result, info)
+        metadata = {"terminated": result.terminated, "truncated": result.truncated, "info": info}
+        return BaseTextEnvStepOutput(
+            observations=observations, reward=float(result.reward),
+            done=self.session is None, metadata=metadata,
+        )  # fmt: skip
+
     def _verified(self, text: str) -> BaseTextEnvStepOutput:
         assert self.session is not None, "init() opens the session"
         self.episode.said(text)
@@ -167,3 +202,17 @@ class NemoGymEnv(BaseTextEnv):
             observations=[], reward=float(result.reward), done=True,
             metadata={"reward_components": components} if components else {},
         )  # fmt: skip
+
+
+def _observations(result: Any, info: Mapping[str, Any]) -> list[dict[str, str]]:
+    """What a step-wise server answered to a turn, as chat messages: the tool outputs its
+    step returned (`info["tool_outputs"]`, NeMo Gym's convention), then the observation."""
+    outputs = info.get("tool_outputs") if isinstance(info, Mapping) else None
+    messages = [
+        {"role": "tool", "content": str(out.get("output", ""))}
+        for out in outputs or []
+        if isinstance(out, Mapping)
+    ]
+    if result.HasField("observation") and result.observation:
+        messages.append({"role": "user", "content": result.observation})
+    return messages

@@ -26,37 +26,37 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from nemo_gym_grpc.v1 import verify_pb2 as nemo__gym__grpc_dot_v1_dot_verify__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1enemo_gym_grpc/v1/session.proto\x12\x10nemo_gym_grpc.v1\x1a\x17google/rpc/status.proto\x1a\x1dnemo_gym_grpc/v1/verify.proto\"\xd5\x01\n\x12OpenSessionRequest\x12\x18\n\x10resources_server\x18\x01 \x01(\t\x12\x10\n\x08row_json\x18\x02 \x01(\t\x12-\n\tseed_kind\x18\x03 \x01(\x0e\x32\x1a.nemo_gym_grpc.v1.SeedKind\x12\x12\n\nrollout_id\x18\x04 \x01(\t\x12\x0f\n\x07taskset\x18\x05 \x01(\t\x12\x0f\n\x07task_id\x18\x06 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\x01\x12\x15\n\rlease_seconds\x18\x08 \x01(\x01\"\xa4\x01\n\x13OpenSessionResponse\x12\x14\n\nsession_id\x18\x01 \x01(\tH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12\x17\n\x0fseed_reply_json\x18\x03 \x01(\t\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\x12\x17\n\x0flatency_seconds\x18\x05 \x01(\x01\x42\t\n\x07outcome\"d\n\x0f\x43\x61llToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x04 \x01(\x01\"r\n\x10\x43\x61llToolResponse\x12\x15\n\x0boutput_json\x18\x01 \x01(\tH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12\x17\n\x0flatency_seconds\x18\x03 \x01(\x01\x42\t\n\x07outcome\"h\n\x14VerifySessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12-\n\x04item\x18\x02 \x01(\x0b\x32\x1f.nemo_gym_grpc.v1.VerifyRequest\x12\r\n\x05\x63lose\x18\x03 \x01(\x08\"I\n\x15VerifySessionResponse\x12\x30\n\x06result\x18\x01 \x01(\x0b\x32 .nemo_gym_grpc.v1.VerifyResponse\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"P\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12-\n\x04item\x18\x02 \x01(\x0b\x32\x1f.nemo_gym_grpc.v1.VerifyRequest\"\x87\x01\n\x0cStepResponse\x12.\n\x06result\x18\x01 \x01(\x0b\x32\x1c.nemo_gym_grpc.v1.StepResultH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12\x17\n\x0flatency_seconds\x18\x03 \x01(\x01\x42\t\n\x07outcome\"\x80\x01\n\nStepResult\x12\x18\n\x0bobservation\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x12\n\nterminated\x18\x03 \x01(\x08\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x11\n\tinfo_json\x18\x05 \x01(\tB\x0e\n\x0c_observation*U\n\x08SeedKind\x12\x1e\n\x1aSEED_KIND_AUTO_UNSPECIFIED\x10\x00\x12\x14\n\x10SEED_KIND_LEGACY\x10\x01\x12\x13\n\x0fSEED_KIND_TYPED\x10\x02\x32\xc7\x03\n\x0eSessionService\x12Z\n\x0bOpenSession\x12$.nemo_gym_grpc.v1.OpenSessionRequest\x1a%.nemo_gym_grpc.v1.OpenSessionResponse\x12Q\n\x08\x43\x61llTool\x12!.nemo_gym_grpc.v1.CallToolRequest\x1a\".nemo_gym_grpc.v1.CallToolResponse\x12`\n\rVerifySession\x12&.nemo_gym_grpc.v1.VerifySessionRequest\x1a\'.nemo_gym_grpc.v1.VerifySessionResponse\x12]\n\x0c\x43loseSession\x12%.nemo_gym_grpc.v1.CloseSessionRequest\x1a&.nemo_gym_grpc.v1.CloseSessionResponse\x12\x45\n\x04Step\x12\x1d.nemo_gym_grpc.v1.StepRequest\x1a\x1e.nemo_gym_grpc.v1.StepResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1enemo_gym_grpc/v1/session.proto\x12\x10nemo_gym_grpc.v1\x1a\x17google/rpc/status.proto\x1a\x1dnemo_gym_grpc/v1/verify.proto\"\xd5\x01\n\x12OpenSessionRequest\x12\x18\n\x10resources_server\x18\x01 \x01(\t\x12\x10\n\x08row_json\x18\x02 \x01(\t\x12-\n\tseed_kind\x18\x03 \x01(\x0e\x32\x1a.nemo_gym_grpc.v1.SeedKind\x12\x12\n\nrollout_id\x18\x04 \x01(\t\x12\x0f\n\x07taskset\x18\x05 \x01(\t\x12\x0f\n\x07task_id\x18\x06 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\x01\x12\x15\n\rlease_seconds\x18\x08 \x01(\x01\"\xb7\x01\n\x13OpenSessionResponse\x12\x14\n\nsession_id\x18\x01 \x01(\tH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12\x17\n\x0fseed_reply_json\x18\x03 \x01(\t\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\x12\x17\n\x0flatency_seconds\x18\x05 \x01(\x01\x12\x11\n\tstep_wise\x18\x06 \x01(\x08\x42\t\n\x07outcome\"d\n\x0f\x43\x61llToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x04 \x01(\x01\"r\n\x10\x43\x61llToolResponse\x12\x15\n\x0boutput_json\x18\x01 \x01(\tH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12\x17\n\x0flatency_seconds\x18\x03 \x01(\x01\x42\t\n\x07outcome\"h\n\x14VerifySessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12-\n\x04item\x18\x02 \x01(\x0b\x32\x1f.nemo_gym_grpc.v1.VerifyRequest\x12\r\n\x05\x63lose\x18\x03 \x01(\x08\"I\n\x15VerifySessionResponse\x12\x30\n\x06result\x18\x01 \x01(\x0b\x32 .nemo_gym_grpc.v1.VerifyResponse\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"P\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12-\n\x04item\x18\x02 \x01(\x0b\x32\x1f.nemo_gym_grpc.v1.VerifyRequest\"\x87\x01\n\x0cStepResponse\x12.\n\x06result\x18\x01 \x01(\x0b\x32\x1c.nemo_gym_grpc.v1.StepResultH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12\x17\n\x0flatency_seconds\x18\x03 \x01(\x01\x42\t\n\x07outcome\"\x80\x01\n\nStepResult\x12\x18\n\x0bobservation\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x12\n\nterminated\x18\x03 \x01(\x08\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x11\n\tinfo_json\x18\x05 \x01(\tB\x0e\n\x0c_observation*U\n\x08SeedKind\x12\x1e\n\x1aSEED_KIND_AUTO_UNSPECIFIED\x10\x00\x12\x14\n\x10SEED_KIND_LEGACY\x10\x01\x12\x13\n\x0fSEED_KIND_TYPED\x10\x02\x32\xc7\x03\n\x0eSessionService\x12Z\n\x0bOpenSession\x12$.nemo_gym_grpc.v1.OpenSessionRequest\x1a%.nemo_gym_grpc.v1.OpenSessionResponse\x12Q\n\x08\x43\x61llTool\x12!.nemo_gym_grpc.v1.CallToolRequest\x1a\".nemo_gym_grpc.v1.CallToolResponse\x12`\n\rVerifySession\x12&.nemo_gym_grpc.v1.VerifySessionRequest\x1a\'.nemo_gym_grpc.v1.VerifySessionResponse\x12]\n\x0c\x43loseSession\x12%.nemo_gym_grpc.v1.CloseSessionRequest\x1a&.nemo_gym_grpc.v1.CloseSessionResponse\x12\x45\n\x04Step\x12\x1d.nemo_gym_grpc.v1.StepRequest\x1a\x1e.nemo_gym_grpc.v1.StepResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nemo_gym_grpc.v1.session_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SEEDKIND']._serialized_start=1324
-  _globals['_SEEDKIND']._serialized_end=1409
+  _globals['_SEEDKIND']._serialized_start=1343
+  _globals['_SEEDKIND']._serialized_end=1428
   _globals['_OPENSESSIONREQUEST']._serialized_start=109
   _globals['_OPENSESSIONREQUEST']._serialized_end=322
   _globals['_OPENSESSIONRESPONSE']._serialized_start=325
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=489
-  _globals['_CALLTOOLREQUEST']._serialized_start=491
-  _globals['_CALLTOOLREQUEST']._serialized_end=591
-  _globals['_CALLTOOLRESPONSE']._serialized_start=593
-  _globals['_CALLTOOLRESPONSE']._serialized_end=707
-  _globals['_VERIFYSESSIONREQUEST']._serialized_start=709
-  _globals['_VERIFYSESSIONREQUEST']._serialized_end=813
-  _globals['_VERIFYSESSIONRESPONSE']._serialized_start=815
-  _globals['_VERIFYSESSIONRESPONSE']._serialized_end=888
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=890
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=931
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=933
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=971
-  _globals['_STEPREQUEST']._serialized_start=973
-  _globals['_STEPREQUEST']._serialized_end=1053
-  _globals['_STEPRESPONSE']._serialized_start=1056
-  _globals['_STEPRESPONSE']._serialized_end=1191
-  _globals['_STEPRESULT']._serialized_start=1194
-  _globals['_STEPRESULT']._serialized_end=1322
-  _globals['_SESSIONSERVICE']._serialized_start=1412
-  _globals['_SESSIONSERVICE']._serialized_end=1867
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=508
+  _globals['_CALLTOOLREQUEST']._serialized_start=510
+  _globals['_CALLTOOLREQUEST']._serialized_end=610
+  _globals['_CALLTOOLRESPONSE']._serialized_start=612
+  _globals['_CALLTOOLRESPONSE']._serialized_end=726
+  _globals['_VERIFYSESSIONREQUEST']._serialized_start=728
+  _globals['_VERIFYSESSIONREQUEST']._serialized_end=832
+  _globals['_VERIFYSESSIONRESPONSE']._serialized_start=834
+  _globals['_VERIFYSESSIONRESPONSE']._serialized_end=907
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=909
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=950
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=952
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=990
+  _globals['_STEPREQUEST']._serialized_start=992
+  _globals['_STEPREQUEST']._serialized_end=1072
+  _globals['_STEPRESPONSE']._serialized_start=1075
+  _globals['_STEPRESPONSE']._serialized_end=1210
+  _globals['_STEPRESULT']._serialized_start=1213
+  _globals['_STEPRESULT']._serialized_end=1341
+  _globals['_SESSIONSERVICE']._serialized_start=1431
+  _globals['_SESSIONSERVICE']._serialized_end=1886
 # @@protoc_insertion_point(module_scope)

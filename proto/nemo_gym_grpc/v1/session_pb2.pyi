@@ -136,18 +136,25 @@ class OpenSessionResponse(_message.Message):
     SEED_REPLY_JSON_FIELD_NUMBER: _builtins.int
     LEASE_SECONDS_FIELD_NUMBER: _builtins.int
     LATENCY_SECONDS_FIELD_NUMBER: _builtins.int
+    STEP_WISE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session's id: its `resources_session_id` upstream, and the key of
     every further call.
     """
     seed_reply_json: _builtins.str
     """The `/seed_session` reply as a JSON object (e.g. 0.7's
-    `resources_tools`); empty on error.
+    `resources_tools`); on a step-wise server the `/reset` reply (its
+    `observation` and `info`); empty on error.
     """
     lease_seconds: _builtins.float
     """The session's lease in seconds."""
     latency_seconds: _builtins.float
-    """Wall time of the `/seed_session` call, seconds."""
+    """Wall time of the `/seed_session` (or `/reset`) call, seconds."""
+    step_wise: _builtins.bool
+    """The session is an episode of a step-wise server (NeMo Gym 0.7's
+    `/reset` and `/step`): act in it with Step (VerifySession fails
+    NOT_STEP_WISE there); false: call its tools and VerifySession.
+    """
     @_builtins.property
     def error(self) -> _status_pb2.Status:
         """Why no session was opened (UPSTREAM_SESSION_FAILED for a failed
@@ -163,10 +170,11 @@ class OpenSessionResponse(_message.Message):
         seed_reply_json: _builtins.str = ...,
         lease_seconds: _builtins.float = ...,
         latency_seconds: _builtins.float = ...,
+        step_wise: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "session_id", b"session_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "latency_seconds", b"latency_seconds", "lease_seconds", b"lease_seconds", "outcome", b"outcome", "seed_reply_json", b"seed_reply_json", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "latency_seconds", b"latency_seconds", "lease_seconds", b"lease_seconds", "outcome", b"outcome", "seed_reply_json", b"seed_reply_json", "session_id", b"session_id", "step_wise", b"step_wise"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["session_id", "error"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
