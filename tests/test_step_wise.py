@@ -164,6 +164,25 @@ def test_skyrl_adds_the_first_observation_and_ends_at_the_servers_end(bridge):
     assert all(o["reward"] == 0.0 for o in outs[:-1])
 
 
+def test_skyrl_sends_the_models_tool_calls_for_the_server_to_run(bridge):
+    # openair_congestion takes exactly one tool call per step, else a penalized noop
+    row = first_row("openair_congestion")
+    env = skyrl_env(bridge.target, "openair_congestion", row, max_turns=8)
+    env.init([])
+    body = json.dumps({"name": "noop", "arguments": {}})
+    called = env.step(f"Holding steady.\n<tool_call>{body}</tool_call>")
+    output, observation = called["observations"]
+    assert output["role"] == "tool" and json.loads(output["content"])["accepted"] is True
+    assert observation["role"] == "user" and observation["content"]
+    assert "error" not in called["metadata"]["info"]
+    for text in ("I will wait.", "<tool_call>{oops</tool_call>"):  # no call reaches the server
+        out = env.step(text)
+        assert out["metadata"]["info"]["error"] == "no_tool_call" and out["reward"] < 0.0
+    assert "not JSON" in out["observations"][0]["content"]  # the model's mistake, told
+    assert env.get_metrics() == {"turns": 3, "tool_calls": 1, "tool_mistakes": 1}
+    env.close()
+
+
 def test_skyrl_cuts_the_episode_at_max_turns_and_closes_its_session(bridge):
     row = first_row("example_multi_turn_gymnasium")
     env = skyrl_env(bridge.target, "example_multi_turn_gymnasium", row, max_turns=2)

@@ -11,10 +11,11 @@ Gym session through the bridge (docs/skyrl.md).
 On a step-wise server (NeMo Gym 0.7's gymnasium-style servers: `/reset` and `/step`, e.g.
 blackjack, wordle) the episode is the server's, as NeMo Gym's own gymnasium agent drives it:
 `init` resets it and adds the first observation to the prompt as a `user` message; `step` sends
-each model turn to `/step` (the bridge's `Step`) and answers with the tool outputs the step
-returned (`tool` messages) and the next observation (`user`); its reward is the step's (SkyRL
-places each at the end of its turn); the episode ends when the server terminates or truncates
-it, or at the `max_turns`-th turn (the session is then closed).
+each model turn to `/step` (the bridge's `Step`) as a Responses object (its text, and its tool
+calls as `function_call` items, which the server runs) and answers with the tool outputs the
+step returned (`tool` messages) and the next observation (`user`); its reward is the step's
+(SkyRL places each at the end of its turn); the episode ends when the server terminates or
+truncates it, or at the `max_turns`-th turn (the session is then closed).
 
 The row comes in `extras` (SkyRL passes every dataset column but the prompt there):
 `nemo_gym_row` (the NeMo Gym dataset row, a dict or its JSON text) and `resources_server` (its
@@ -167,8 +168,18 @@ class NemoGymEnv(BaseTextEnv):
     def _stepped(self, text: str) -> BaseTextEnvStepOutput:
         """The server's `/step` of one model turn in a step-wise episode."""
         assert self.session is not None, "init() opens the session"
+        turn, mistakes = Episode(), []
+        turn.said(text)
+        for call in tool_calls(text):
+            if isinstance(call, str):
+                mistakes.append({"role": "tool", "content": call})
+            else:
+                turn.calling(call)
+        self.tool_calls += len(turn.output) - 1
+        self.model_mistakes += len(mistakes)
+        response = turn.response(self.row.get("responses_create_params") or {})
         try:
-            result = self.session.step(completion=text, row=self.row, timeout=self.timeout)
+            result = self.session.step(response=response, row=self.row, timeout=self.timeout)
         except SessionError as exc:
             self.close()
             raise NemoGymEnvError("step", exc) from None
@@ -178,7 +189,7 @@ class NemoGymEnv(BaseTextEnv):
             self.session = None  # the server ended its episode, and the bridge its session
         elif self.turns >= self.max_turns:
             self.close()
-        observations = [] if self.session is None else _observations(result, info)
+        observations = [] if self.session is None else mistakes + _observations(result, info)
         metadata = {"terminated": result.terminated, "truncated": result.truncated, "info": info}
         return BaseTextEnvStepOutput(
             observations=observations, reward=float(result.reward),

@@ -60,8 +60,8 @@ class Episode:
 
     output: list[dict[str, Any]] = field(default_factory=list)
 
-    def called(self, call: ToolCall, result: str) -> None:
-        """Record `call` and the text it returned."""
+    def calling(self, call: ToolCall) -> None:
+        """Record `call` (a step-wise server runs it in its `/step` and returns its output)."""
         self.output.append(
             {
                 "type": "function_call",
@@ -72,6 +72,10 @@ class Episode:
                 "status": "completed",
             }
         )
+
+    def called(self, call: ToolCall, result: str) -> None:
+        """Record `call` and the text it returned."""
+        self.calling(call)
         self.output.append(
             {"type": "function_call_output", "call_id": call.call_id, "output": result}
         )
