@@ -1,6 +1,8 @@
 """verifiers 0.4 (PrimeIntellect; what prime-rl trains on): NeMo Gym tasks through the bridge's
-sessions. Taskset id `nemo-gym-grpc-verifiers` (docs/verifiers.md); the classes: taskset.py."""
+sessions. Taskset id `nemo-gym-grpc-verifiers` (docs/verifiers.md); the classes: taskset.py,
+and its env (step-wise servers' episodes): episodes.py."""
 
+from nemo_gym_grpc.rewards.verifiers.episodes import BridgeEnv
 from nemo_gym_grpc.rewards.verifiers.taskset import (
     BridgeConfig,
     BridgeState,
@@ -9,4 +11,11 @@ from nemo_gym_grpc.rewards.verifiers.taskset import (
     BridgeTaskset,
 )
 
-__all__ = ["BridgeConfig", "BridgeState", "BridgeTask", "BridgeTaskConfig", "BridgeTaskset"]
+__all__ = [
+    "BridgeConfig",
+    "BridgeEnv",
+    "BridgeState",
+    "BridgeTask",
+    "BridgeTaskConfig",
+    "BridgeTaskset",
+]

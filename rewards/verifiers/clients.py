@@ -13,6 +13,8 @@ from typing import Any
 
 from nemo_gym_grpc.rewards.client.sessions import (
     AsyncSessionClient,
+    step_request,
+    stepped,
     tool_output,
     tool_request,
     verified,
@@ -20,10 +22,20 @@ from nemo_gym_grpc.rewards.client.sessions import (
 )
 from nemo_gym_grpc.v1 import session_pb2, verify_pb2, verify_pb2_grpc
 
-__all__ = ["call_tool", "close", "server_tools", "session_client", "verify", "verify_request"]
+__all__ = [
+    "call_tool",
+    "close",
+    "server_tools",
+    "session_client",
+    "step",
+    "step_wise",
+    "verify",
+    "verify_request",
+]
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncSessionClient]]
 _clients = weakref.WeakKeyDictionary()
+_step_wise: dict[tuple[str, str], bool] = {}  # (bridge target, server) -> step-wise
 
 
 def session_client(target: str) -> AsyncSessionClient:
@@ -47,6 +59,32 @@ async def server_tools(target: str, server: str, timeout: float) -> list[dict[st
         if entry.name == server:
             return [json.loads(text) for text in entry.function_tools_json]
     return []
+
+
+async def step_wise(target: str, server: str, timeout: float) -> bool:
+    """Whether the bridge lists resources server `server` as step-wise (`/reset` and `/step`;
+    ListResourcesServers' `step_wise`), asked once per process and bridge while it knows what
+    the server supports; False when it does not know the server or that yet. Raises
+    grpc.aio.AioRpcError when the call fails."""
+    if (target, server) in _step_wise:
+        return _step_wise[target, server]
+    client = session_client(target)
+    stub = verify_pb2_grpc.VerifyServiceStub(client.channel)
+    listed = await stub.ListResourcesServers(
+        verify_pb2.ListResourcesServersRequest(), timeout=timeout
+    )
+    for entry in listed.resources_servers:
+        if entry.capabilities_known:
+            _step_wise[target, entry.name] = entry.step_wise
+    return _step_wise.get((target, server), False)
+
+
+async def step(target: str, session_id: str, text: str, row: dict[str, Any], timeout: float) -> Any:
+    """Step with the model's reply `text` as the action, `row` the dataset row; the
+    `StepResult` (observation, reward, terminated, truncated). Raises SessionError."""
+    client = session_client(target)
+    request = step_request(session_id, completion=text, row=row)
+    return stepped(await client.call(client.stub.Step, request, timeout))
 
 
 async def verify(

@@ -78,6 +78,16 @@ class BridgeState(State):
     tool_failures: list[dict[str, str]] = Field(default_factory=list)
     """Tool calls that failed for reasons not the model's (toolset.py): {tool, failure,
     message} each."""
+    step_wise: bool = False
+    """The session is an episode of a step-wise server (episodes.py plays it)."""
+    observation: str = ""
+    """A step-wise episode's first observation (the `/reset` reply's)."""
+    step_rewards: list[float] = Field(default_factory=list)
+    """The reward of each step so far."""
+    episode_over: bool = False
+    """The server ended the episode (terminated or truncated), and the bridge its session."""
+    step_failure: dict[str, str] = Field(default_factory=dict)
+    """A step that failed for reasons not the model's: {failure, message, ...}."""
 
 
 class BridgeTask(Task[NeMoGymData, BridgeState, BridgeTaskConfig]):
@@ -103,6 +113,9 @@ class BridgeTask(Task[NeMoGymData, BridgeState, BridgeTaskConfig]):
         except SessionError as exc:
             raise _failed(trace, "open", exc) from None
         state.session_id = session.id
+        if session.step_wise:  # it takes the model's actions as text: no tools to offer
+            state.step_wise, state.direct_tools, state.tool_names = True, {}, []
+            state.observation = str(session.seed_reply.get("observation") or "")
 
     async def _listed(self, trace: Trace) -> list[dict[str, Any]]:
         """The server's tools as the bridge lists them; raises TaskError if that fails."""
@@ -121,6 +134,8 @@ class BridgeTask(Task[NeMoGymData, BridgeState, BridgeTaskConfig]):
         metrics `reward_component/<name>`. Raises TaskError for a failed or masked verify, and
         (closing the session unverified) when a tool call failed for reasons not the model's."""
         state = trace.state
+        if state.step_wise:
+            return await self._episode_reward(trace)
         if state.tool_failures:
             with contextlib.suppress(SessionError):  # the bridge's lease closes it otherwise
                 await clients.close(state.bridge, state.session_id)
@@ -144,6 +159,21 @@ class BridgeTask(Task[NeMoGymData, BridgeState, BridgeTaskConfig]):
         for name, value in components.items():
             trace.record_metric(f"reward_component/{name}", value)
         return result.reward
+
+    async def _episode_reward(self, trace: Trace) -> float:
+        """A step-wise episode's reward: the sum of its steps' (as NeMo Gym's gymnasium agent
+        sums them); an episode the agent's turn limit cut short keeps what it earned and its
+        session is closed. Raises TaskError when a step failed for reasons not the model's."""
+        state = trace.state
+        if not state.episode_over:
+            with contextlib.suppress(SessionError):  # the bridge's lease closes it otherwise
+                await clients.close(state.bridge, state.session_id)
+        if state.step_failure:
+            trace.info["nemo_gym"] = {"step": "step", **state.step_failure}
+            raise TaskError(f"NeMo Gym step failed: {state.step_failure['failure']}")
+        trace.record_metric("nemo_gym/steps", float(len(state.step_rewards)))
+        trace.record_metric("nemo_gym/truncated", 0.0 if state.episode_over else 1.0)
+        return float(sum(state.step_rewards))
 
 
 def _failed(trace: Trace, step: str, exc: SessionError) -> TaskError:

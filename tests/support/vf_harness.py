@@ -42,6 +42,7 @@ class ScriptedChatHarness(Harness[ScriptedChatConfig]):
 
     APPENDS_SYSTEM_PROMPT = True
     SUPPORTS_MCP = True
+    SUPPORTS_RESUME = True  # a later turn relaunches the loop on the conversation so far
     EXECUTES_CODE = False
     NEEDS_CONTAINER = False
 

@@ -1,0 +1,92 @@
+"""Step-wise NeMo Gym servers in verifiers: `BridgeEnv`, the env of the taskset
+`nemo-gym-grpc-verifiers` (verifiers' loader takes the `Env` a taskset's package exports).
+
+A step-wise server (NeMo Gym 0.7's gymnasium-style servers: `/reset` and `/step`, no
+`/verify`; blackjack, example_multi_turn_gymnasium, ...) drives its own episode. `BridgeEnv`
+plays one as NeMo Gym's own gymnasium agent does, through the bridge's session: the task's
+setup resets it (OpenSession); the row's prompt and the first observation (as a `user`
+message) open the exchange (verifiers' `Interaction`); each reply of the model is the action of
+one `/step` (Step, the reply's text), whose observation is the next `user` turn, until the
+server terminates or truncates the episode or the agent's turn limit ends the exchange. The
+task's reward is then the sum of its steps' rewards (`BridgeTask._episode_reward`); a step
+that fails for reasons not the model's ends the exchange and errors the trace (TaskError).
+
+The server takes the model's actions as text, so such a task offers the model no tools.
+Servers whose steps run the model's function calls (wordle, openair_congestion) are not
+played yet: verifiers' harnesses run a model's tool calls themselves.
+
+Every other task is played as verifiers' `SingleAgentEnv` plays it (its config, `agent`, is
+the same).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verifiers.v1.agent import Agent, Agents
+from verifiers.v1.envs.single_agent import SingleAgentEnv
+from verifiers.v1.task import Task
+
+from nemo_gym_grpc.rewards.client.sessions import SessionError
+from nemo_gym_grpc.rewards.verifiers import clients
+from nemo_gym_grpc.rewards.verifiers.taskset import BridgeTask
+
+
+class BridgeEnv(SingleAgentEnv):
+    """One `agent` seat over the taskset; a task on a step-wise server played step by step
+    (module docstring), any other as `SingleAgentEnv` plays it."""
+
+    async def run(self, task: Task, agents: Agents) -> None:
+        """Play `task` with `agents.agent`. Raises what verifiers raises for its rollout;
+        a failure of NeMo Gym's is the trace's error, recorded by the task."""
+        if isinstance(task, BridgeTask) and await _step_wise(task):
+            await play(task, agents.agent)
+        else:
+            await super().run(task, agents)
+
+
+async def _step_wise(task: BridgeTask) -> bool:
+    """Whether the bridge lists the task's resources server as step-wise (asked before the
+    rollout opens: the two kinds of task are played differently from their first turn)."""
+    config = task.config
+    return await clients.step_wise(config.bridge, config.resources_server, config.step_timeout)
+
+
+async def play(task: BridgeTask, agent: Agent) -> None:
+    """One episode of a step-wise server (module docstring)."""
+    opening = list(task.data.prompt or [])
+    unprompted = type(task)(task.data.model_copy(update={"prompt": None}), task.config)
+    async with agent.interaction(unprompted) as exchange:
+        trace = exchange.trace
+        state = trace.state
+        if state.observation:
+            opening.append({"role": "user", "content": state.observation})
+        segment = await exchange.turn(opening)
+        while not segment.terminated:
+            observation = await act(task, state, segment.last_reply)
+            if observation is None:
+                break
+            segment = await exchange.turn(observation)
+
+
+async def act(task: BridgeTask, state: Any, text: str) -> str | None:
+    """The server's `/step` with the model's reply `text`: the next `user` turn (its
+    observation; "" when it sent none), or None when the episode is over (the server ended
+    it, or the step failed: `state.step_failure`)."""
+    try:
+        result = await clients.step(
+            state.bridge, state.session_id, text, task.data.row, state.step_timeout
+        )
+    except SessionError as exc:
+        failure = exc.failure
+        state.step_failure = {
+            "failure": failure.cause,
+            "message": failure.message,
+            **dict(failure.metadata),
+        }
+        return None
+    state.step_rewards.append(float(result.reward))
+    if result.terminated or result.truncated:
+        state.episode_over = True
+        return None
+    return result.observation if result.HasField("observation") else ""

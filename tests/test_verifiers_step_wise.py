@@ -1,0 +1,144 @@
+"""Step-wise NeMo Gym servers in the verifiers 0.4 taskset (`BridgeEnv`,
+rewards/verifiers/episodes.py) as prime-rl runs it: real verifiers 0.4.0's env server
+(`serve_env` in a process of its own) and client (`EnvClient`), real NeMo Gym 0.7 step-wise
+servers (example_multi_turn_gymnasium behind a FaultProxy, blackjack) through a real bridge:
+
+- an example_multi_turn_gymnasium episode gets the server's follow-ups as `user` turns and is
+  rewarded the sum of its steps' (1.0 when the last answer names what the row expects);
+- a blackjack episode opens with the dealt hand (the `/reset` observation) and ends when the
+  server ends the hand;
+- a `/step` the server fails errors the trace (no reward), and its session is closed.
+
+The harness and the policy model are scripted (tests/support/vf_harness.py says why); the
+policy answers each user turn by a substring of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import NemoGymServers, start_bridge
+from tests.support.fault_proxy import Fault, FaultProxy
+from tests.support.missing import missing
+from tests.support.policy_model import ScriptedPolicy
+from tests.support.prometheus_scrape import metrics_url, value, wait_for
+from tests.support.venv import resources_server_dir
+from tests.support.vf_env import Served, run_episodes
+
+pytestmark = pytest.mark.nemo_gym_07  # step-wise servers are new in 0.7
+
+TASKSET_ID = "nemo-gym-grpc-verifiers"
+MULTI_TURN = "example_multi_turn_gymnasium"
+ANSWERS = [
+    ("capital of France", "Paris."),
+    ("population", "About 2.1 million."),
+    ("landmark", "The Eiffel Tower."),
+    ("multiplied", "120."),
+    ("divide", "I do not know."),  # the row expects "20": reward 0.0
+    ("Your hand", "<action>stand</action>"),
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _verifiers_installed() -> None:
+    try:
+        import verifiers.v1  # noqa: F401
+    except ImportError as exc:
+        missing(f"verifiers is not installed ({exc}); pip install '.[verifiers]'")
+
+
+@pytest.fixture(scope="module")
+def gym(nemo_gym_venv) -> Iterator[NemoGymServers]:
+    with NemoGymServers((MULTI_TURN, "blackjack"), venv=nemo_gym_venv) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def proxy(gym) -> Iterator[FaultProxy]:
+    with FaultProxy(gym.server_urls[MULTI_TURN]) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def bridge(gym, proxy) -> Iterator:
+    args = ("--head-url", gym.head_url, "--server", f"{MULTI_TURN}={proxy.url}")
+    with start_bridge(*args, "--metrics-port", "0") as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def policy() -> Iterator[ScriptedPolicy]:
+    with ScriptedPolicy(answers=ANSWERS) as started:
+        yield started
+
+
+@pytest.fixture
+def serve(nemo_gym_venv: Path, bridge) -> Iterator[Callable[[str], Served]]:
+    """serve(resources server) -> a Served env server of our taskset over its example rows."""
+    started: list[Served] = []
+
+    def start(server: str) -> Served:
+        rows = resources_server_dir(server, nemo_gym_venv) / "data" / "example.jsonl"
+        task = {"bridge": bridge.target, "resources_server": server}
+        started.append(Served({"id": TASKSET_ID, "dataset": str(rows), "task": task}))
+        return started[-1]
+
+    yield start
+    for served in started:
+        served.stop()
+
+
+def no_open_sessions(bridge) -> None:
+    """Wait until the bridge has no session open (its gauge), and assert it."""
+    samples = wait_for(metrics_url(bridge), lambda s: value(s, "nemo_gym_grpc_open_sessions") == 0)
+    assert value(samples, "nemo_gym_grpc_open_sessions") == 0
+
+
+def user_turns(trace) -> list[str]:
+    return [m.content for m in trace.messages if m.role == "user"]
+
+
+def test_an_episode_takes_the_servers_turns_and_sums_its_steps_rewards(bridge, policy, serve):
+    served = serve(MULTI_TURN)
+    france, arithmetic = asyncio.run(run_episodes(served.address, policy.base_url, served.data[:2]))
+    for trace in (france, arithmetic):
+        assert trace.ok and not trace.errors, trace.errors
+        assert trace.metrics["nemo_gym/truncated"] == 0.0
+    assert user_turns(france) == [
+        "What is the capital of France?",
+        "What is the approximate population of that city?",
+        "Name one famous landmark there.",
+    ]
+    assert (france.reward, france.metrics["nemo_gym/steps"]) == (1.0, 3.0)
+    assert user_turns(arithmetic)[1] == "Now divide that result by 6."
+    assert (arithmetic.reward, arithmetic.metrics["nemo_gym/steps"]) == (0.0, 2.0)
+    no_open_sessions(bridge)
+
+
+def test_an_episode_opens_with_the_first_observation(bridge, policy, serve):
+    served = serve("blackjack")
+    (trace,) = asyncio.run(run_episodes(served.address, policy.base_url, served.data[:1]))
+    assert trace.ok and not trace.errors, trace.errors
+    assert user_turns(trace)[-1].startswith("Your hand")  # after the row's "Deal me in."
+    assert trace.metrics["nemo_gym/steps"] == 1.0  # it stood: the hand is over
+    assert trace.reward in (-1.0, 0.0, 1.0)
+    no_open_sessions(bridge)
+
+
+def test_a_step_the_server_fails_errors_the_trace(bridge, proxy, policy, serve):
+    served = serve(MULTI_TURN)
+    proxy.set_faults(Fault("status", path="/step", status=500))
+    try:
+        (trace,) = asyncio.run(run_episodes(served.address, policy.base_url, served.data[:1]))
+    finally:
+        proxy.set_faults()
+    assert not trace.ok
+    assert [e.type for e in trace.errors] == ["TaskError"]
+    assert trace.rewards["nemo_gym"] is None
+    assert trace.info["nemo_gym"]["step"] == "step"
+    assert trace.info["nemo_gym"]["failure"].startswith("INTERNAL")
+    no_open_sessions(bridge)
