@@ -27,13 +27,10 @@ from tests.support.agents import MASKED_RESOURCES, WEATHER_RESOURCES
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.missing import missing
 from tests.support.policy_model import Knobs, ScriptedPolicy
-from tests.support.prometheus_scrape import metrics_url, value, wait_for
-from tests.support.venv import resources_server_dir
-from tests.support.vf_env import Served, run_episodes
+from tests.support.prometheus_scrape import no_open_sessions
+from tests.support.vf_env import Served, run_episodes, served_examples
 
 pytestmark = pytest.mark.nemo_gym_07  # the masked judge failure is 0.7's judge_failsafe
-
-TASKSET_ID = "nemo-gym-grpc-verifiers"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -78,9 +75,7 @@ def serve(nemo_gym_venv: Path) -> Iterator[Callable[[str, str], Served]]:
     started: list[Served] = []
 
     def start(target: str, server: str) -> Served:
-        rows = resources_server_dir(server, nemo_gym_venv) / "data" / "example.jsonl"
-        task = {"bridge": target, "resources_server": server}
-        started.append(Served({"id": TASKSET_ID, "dataset": str(rows), "task": task}))
+        started.append(served_examples(target, server, nemo_gym_venv))
         return started[-1]
 
     yield start
@@ -100,12 +95,6 @@ def posts_reach(proxy: FaultProxy, path: str, count: int, timeout: float = 60.0)
     while session_posts(proxy, path) < count and time.monotonic() < deadline:
         time.sleep(0.05)
     return session_posts(proxy, path)
-
-
-def no_open_sessions(bridge) -> None:
-    """Wait until the bridge has no session open (its gauge), and assert it."""
-    samples = wait_for(metrics_url(bridge), lambda s: value(s, "nemo_gym_grpc_open_sessions") == 0)
-    assert value(samples, "nemo_gym_grpc_open_sessions") == 0
 
 
 def test_episodes_call_their_tool_in_their_session_and_are_scored_in_it(

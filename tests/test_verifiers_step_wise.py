@@ -25,13 +25,11 @@ from tests.support import NemoGymServers, start_bridge
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.missing import missing
 from tests.support.policy_model import ScriptedPolicy
-from tests.support.prometheus_scrape import metrics_url, value, wait_for
-from tests.support.venv import resources_server_dir
-from tests.support.vf_env import Served, run_episodes
+from tests.support.prometheus_scrape import no_open_sessions
+from tests.support.vf_env import Served, run_episodes, served_examples
 
 pytestmark = pytest.mark.nemo_gym_07  # step-wise servers are new in 0.7
 
-TASKSET_ID = "nemo-gym-grpc-verifiers"
 MULTI_TURN = "example_multi_turn_gymnasium"
 ANSWERS = [
     ("capital of France", "Paris."),
@@ -82,20 +80,12 @@ def serve(nemo_gym_venv: Path, bridge) -> Iterator[Callable[[str], Served]]:
     started: list[Served] = []
 
     def start(server: str) -> Served:
-        rows = resources_server_dir(server, nemo_gym_venv) / "data" / "example.jsonl"
-        task = {"bridge": bridge.target, "resources_server": server}
-        started.append(Served({"id": TASKSET_ID, "dataset": str(rows), "task": task}))
+        started.append(served_examples(bridge.target, server, nemo_gym_venv))
         return started[-1]
 
     yield start
     for served in started:
         served.stop()
-
-
-def no_open_sessions(bridge) -> None:
-    """Wait until the bridge has no session open (its gauge), and assert it."""
-    samples = wait_for(metrics_url(bridge), lambda s: value(s, "nemo_gym_grpc_open_sessions") == 0)
-    assert value(samples, "nemo_gym_grpc_open_sessions") == 0
 
 
 def user_turns(trace) -> list[str]:

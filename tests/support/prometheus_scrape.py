@@ -57,3 +57,10 @@ def wait_for(url: str, predicate, timeout: float = 10.0) -> Samples:
         if predicate(samples) or time.monotonic() > deadline:
             return samples
         time.sleep(0.05)
+
+
+def no_open_sessions(bridge) -> None:
+    """Wait until `bridge` (started with `--metrics-port`) has no session open (its gauge),
+    and assert it."""
+    samples = wait_for(metrics_url(bridge), lambda s: value(s, "nemo_gym_grpc_open_sessions") == 0)
+    assert value(samples, "nemo_gym_grpc_open_sessions") == 0

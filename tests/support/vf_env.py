@@ -15,11 +15,15 @@ import asyncio
 import multiprocessing
 import os
 import signal
+from pathlib import Path
 from typing import Any
+
+from tests.support.venv import resources_server_dir
 
 # verifiers (and vf_harness, built on it) are imported where used: 2 s that collecting the
 # tests, the fast tier's included, need not spend.
 
+TASKSET_ID = "nemo-gym-grpc-verifiers"
 SPAWN = multiprocessing.get_context("spawn")
 STARTUP_TIMEOUT = 120.0  # seconds for the env server process to report its address
 
@@ -55,6 +59,14 @@ class Served:
             self.process.terminate()
             self.process.join(timeout=30)
         self.kill()
+
+
+def served_examples(target: str, server: str, venv: Path | None = None) -> Served:
+    """A Served env server of our taskset (TASKSET_ID) over resources server `server`'s
+    example rows (data/example.jsonl in the NeMo Gym `venv`), through the bridge at `target`."""
+    rows = resources_server_dir(server, venv) / "data" / "example.jsonl"
+    task = {"bridge": target, "resources_server": server}
+    return Served({"id": TASKSET_ID, "dataset": str(rows), "task": task})
 
 
 async def run_episodes(address: str, model_url: str, data: list[dict]) -> list[Any]:
