@@ -39,9 +39,9 @@ from tests.support import AgentStack, start_bridge
 from tests.support.agents import WEATHER_RESOURCES
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.venv import ensure_venv, resources_server_dir
-from tests.support.vf_env import Served, run_episodes
+from tests.support.vf_env import TASKSET_ID, Served, run_episodes
 
-OURS, THEIRS = "nemo-gym-grpc-verifiers", "nemo_gym"
+OURS, THEIRS = TASKSET_ID, "nemo_gym"
 MASKED = json.dumps(
     {
         "responses_create_params": {"input": []},
