@@ -177,7 +177,8 @@ def test_skyrl_sends_the_models_tool_calls_for_the_server_to_run(bridge):
     assert "error" not in called["metadata"]["info"]
     for text in ("I will wait.", "<tool_call>{oops</tool_call>"):  # no call reaches the server
         out = env.step(text)
-        assert out["metadata"]["info"]["error"] == "no_tool_call" and out["reward"] < 0.0
+        info = out["metadata"]["info"]
+        assert info["error"] == "no_tool_call" and info["reward_terms"]["protocol_violation"] < 0
     assert "not JSON" in out["observations"][0]["content"]  # the model's mistake, told
     assert env.get_metrics() == {"turns": 3, "tool_calls": 1, "tool_mistakes": 1}
     env.close()
