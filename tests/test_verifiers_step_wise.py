@@ -7,7 +7,9 @@ servers (example_multi_turn_gymnasium behind a FaultProxy, blackjack) through a 
   rewarded the sum of its steps' (1.0 when the last answer names what the row expects);
 - a blackjack episode opens with the dealt hand (the `/reset` observation) and ends when the
   server ends the hand;
-- a `/step` the server fails errors the trace (no reward), and its session is closed.
+- a `/step` the server fails errors the trace (no reward), and its session is closed;
+- a bridge that cannot be reached errors the trace in the task's setup, typed, as before
+  (asking whether the server is step-wise does not end the episode without a trace).
 
 The harness and the policy model are scripted (tests/support/vf_harness.py says why); the
 policy answers each user turn by a substring of it.
@@ -16,6 +18,7 @@ policy answers each user turn by a substring of it.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -132,3 +135,16 @@ def test_a_step_the_server_fails_errors_the_trace(bridge, proxy, policy, serve):
     assert trace.info["nemo_gym"]["step"] == "step"
     assert trace.info["nemo_gym"]["failure"].startswith("INTERNAL")
     no_open_sessions(bridge)
+
+
+def test_a_bridge_that_cannot_be_reached_errors_the_trace_as_before(policy, nemo_gym_venv):
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{probe.getsockname()[1]}"
+    served = served_examples(nowhere, MULTI_TURN, nemo_gym_venv)
+    try:
+        (trace,) = asyncio.run(run_episodes(served.address, policy.base_url, served.data[:1]))
+    finally:
+        served.stop()
+    assert not trace.ok and [e.type for e in trace.errors] == ["TaskError"]
+    assert trace.info["nemo_gym"] == {"step": "tools", "failure": "UNAVAILABLE"}  # setup's

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
 from verifiers.v1.agent import Agent, Agents
 from verifiers.v1.envs.single_agent import SingleAgentEnv
 from verifiers.v1.task import Task
@@ -47,9 +48,14 @@ class BridgeEnv(SingleAgentEnv):
 
 async def _step_wise(task: BridgeTask) -> bool:
     """Whether the bridge lists the task's resources server as step-wise (asked before the
-    rollout opens: the two kinds of task are played differently from their first turn)."""
+    rollout opens: the two kinds of task are played differently from their first turn).
+    False when the bridge cannot be asked: the task's setup then fails as it did before,
+    typed, on its trace."""
     config = task.config
-    return await clients.step_wise(config.bridge, config.resources_server, config.step_timeout)
+    try:
+        return await clients.step_wise(config.bridge, config.resources_server, config.step_timeout)
+    except grpc.aio.AioRpcError:
+        return False
 
 
 async def play(task: BridgeTask, agent: Agent) -> None:
