@@ -1,12 +1,15 @@
 """Step-wise NeMo Gym servers in the verifiers 0.4 taskset (`BridgeEnv`,
 rewards/verifiers/episodes.py) as prime-rl runs it: real verifiers 0.4.0's env server
 (`serve_env` in a process of its own) and client (`EnvClient`), real NeMo Gym 0.7 step-wise
-servers (example_multi_turn_gymnasium behind a FaultProxy, blackjack) through a real bridge:
+servers (example_multi_turn_gymnasium behind a FaultProxy, blackjack, openair_congestion)
+through a real bridge:
 
 - an example_multi_turn_gymnasium episode gets the server's follow-ups as `user` turns and is
   rewarded the sum of its steps' (1.0 when the last answer names what the row expects);
 - a blackjack episode opens with the dealt hand (the `/reset` observation) and ends when the
   server ends the hand;
+- an openair_congestion tool call (its row's tools) is a step the server runs, its output the
+  call's result;
 - a `/step` the server fails errors the trace (no reward), and its session is closed;
 - a bridge that cannot be reached errors the trace in the task's setup, typed, as before
   (asking whether the server is step-wise does not end the episode without a trace).
@@ -18,6 +21,7 @@ policy answers each user turn by a substring of it.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +31,7 @@ import pytest
 from tests.support import NemoGymServers, start_bridge
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.missing import missing
-from tests.support.policy_model import ScriptedPolicy
+from tests.support.policy_model import Knobs, ScriptedPolicy
 from tests.support.prometheus_scrape import no_open_sessions
 from tests.support.vf_env import Served, run_episodes, served_examples
 
@@ -54,7 +58,8 @@ def _verifiers_installed() -> None:
 
 @pytest.fixture(scope="module")
 def gym(nemo_gym_venv) -> Iterator[NemoGymServers]:
-    with NemoGymServers((MULTI_TURN, "blackjack"), venv=nemo_gym_venv) as started:
+    servers = (MULTI_TURN, "blackjack", "openair_congestion")
+    with NemoGymServers(servers, venv=nemo_gym_venv) as started:
         yield started
 
 
@@ -119,6 +124,21 @@ def test_an_episode_opens_with_the_first_observation(bridge, policy, serve):
     assert user_turns(trace)[-1].startswith("Your hand")  # after the row's "Deal me in."
     assert trace.metrics["nemo_gym/steps"] == 1.0  # it stood: the hand is over
     assert trace.reward in (-1.0, 0.0, 1.0)
+    no_open_sessions(bridge)
+
+
+def test_a_tool_call_is_a_step_the_server_runs(bridge, policy, serve):
+    # openair_congestion's row offers its actions as tools; the policy calls `noop` once
+    policy.knobs = Knobs(tool_name="noop", tool_arguments="{}")
+    served = serve("openair_congestion")
+    try:
+        (trace,) = asyncio.run(run_episodes(served.address, policy.base_url, served.data[:1]))
+    finally:
+        policy.reset()
+    assert trace.ok and not trace.errors, trace.errors
+    (called, *_) = [m for m in trace.messages if m.role == "tool"]
+    assert json.loads(str(called.content).splitlines()[0])["accepted"] is True  # its output
+    assert trace.metrics["nemo_gym/steps"] >= 2  # the call's step, then the reply's
     no_open_sessions(bridge)
 
 

@@ -79,11 +79,14 @@ async def step_wise(target: str, server: str, timeout: float) -> bool:
     return _step_wise.get((target, server), False)
 
 
-async def step(target: str, session_id: str, text: str, row: dict[str, Any], timeout: float) -> Any:
-    """Step with the model's reply `text` as the action, `row` the dataset row; the
-    `StepResult` (observation, reward, terminated, truncated). Raises SessionError."""
+async def step(
+    target: str, session_id: str, row: dict[str, Any], timeout: float, **action: Any
+) -> Any:
+    """Step with `action` (`step_request`'s `completion`: the model's text, or `response`: a
+    Responses object), `row` the dataset row; the `StepResult` (observation, reward,
+    terminated, truncated). Raises SessionError."""
     client = session_client(target)
-    request = step_request(session_id, completion=text, row=row)
+    request = step_request(session_id, row=row, **action)
     return stepped(await client.call(client.stub.Step, request, timeout))
 
 

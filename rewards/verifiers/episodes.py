@@ -11,9 +11,10 @@ server terminates or truncates the episode or the agent's turn limit ends the ex
 task's reward is then the sum of its steps' rewards (`BridgeTask._episode_reward`); a step
 that fails for reasons not the model's ends the exchange and errors the trace (TaskError).
 
-The server takes the model's actions as text, so such a task offers the model no tools.
-Servers whose steps run the model's function calls (wordle, openair_congestion) are not
-played yet: verifiers' harnesses run a model's tool calls themselves.
+A server whose steps run the model's function calls (wordle, openair_congestion: the row's
+tools) gets each tool call the harness makes as a step of its own (toolset.py: a Responses
+object of that one `function_call`), its output the call's result; a reply without a tool call
+is a step of its text, as above.
 
 Every other task is played as verifiers' `SingleAgentEnv` plays it (its config, `agent`, is
 the same).
@@ -63,36 +64,49 @@ async def play(task: BridgeTask, agent: Agent) -> None:
     opening = list(task.data.prompt or [])
     unprompted = type(task)(task.data.model_copy(update={"prompt": None}), task.config)
     async with agent.interaction(unprompted) as exchange:
-        trace = exchange.trace
-        state = trace.state
-        if state.observation:
-            opening.append({"role": "user", "content": state.observation})
+        # the tool server replaces the state object as it writes it: read it anew each time
+        if exchange.trace.state.observation:
+            opening.append({"role": "user", "content": exchange.trace.state.observation})
         segment = await exchange.turn(opening)
         while not segment.terminated:
-            observation = await act(task, state, segment.last_reply)
+            observation = await act(exchange.trace.state, segment.last_reply)
             if observation is None:
                 break
             segment = await exchange.turn(observation)
 
 
-async def act(task: BridgeTask, state: Any, text: str) -> str | None:
-    """The server's `/step` with the model's reply `text`: the next `user` turn (its
-    observation; "" when it sent none), or None when the episode is over (the server ended
-    it, or the step failed: `state.step_failure`)."""
+async def act(state: Any, text: str) -> str | None:
+    """The server's `/step` with the model's reply `text` (`state`: the task's BridgeState):
+    the next `user` turn (its observation; "" when it sent none), or None when the episode is
+    over (the server ended it, possibly in a tool call's step; or a step failed:
+    `state.step_failure`)."""
+    if state.episode_over or state.step_failure:
+        return None
     try:
         result = await clients.step(
-            state.bridge, state.session_id, text, task.data.row, state.step_timeout
+            state.bridge, state.session_id, state.row, state.step_timeout, completion=text
         )
     except SessionError as exc:
-        failure = exc.failure
-        state.step_failure = {
-            "failure": failure.cause,
-            "message": failure.message,
-            **dict(failure.metadata),
-        }
+        failed(state, exc)
         return None
-    state.step_rewards.append(float(result.reward))
-    if result.terminated or result.truncated:
-        state.episode_over = True
+    if took(state, result):
         return None
     return result.observation if result.HasField("observation") else ""
+
+
+def took(state: Any, result: Any) -> bool:
+    """Record one step's `result` (a StepResult) in `state`; whether it ended the episode."""
+    state.step_rewards.append(float(result.reward))
+    ended = bool(result.terminated or result.truncated)
+    state.episode_over = ended
+    return ended
+
+
+def failed(state: Any, exc: SessionError) -> None:
+    """Record a step that failed for reasons not the model's (the trace is errored)."""
+    failure = exc.failure
+    state.step_failure = {
+        "failure": failure.cause,
+        "message": failure.message,
+        **dict(failure.metadata),
+    }

@@ -88,6 +88,8 @@ class BridgeState(State):
     """The server ended the episode (terminated or truncated), and the bridge its session."""
     step_failure: dict[str, str] = Field(default_factory=dict)
     """A step that failed for reasons not the model's: {failure, message, ...}."""
+    row: dict[str, Any] = Field(default_factory=dict)
+    """A step-wise episode's dataset row (each `/step` sends it; empty otherwise)."""
 
 
 class BridgeTask(Task[NeMoGymData, BridgeState, BridgeTaskConfig]):
@@ -113,8 +115,8 @@ class BridgeTask(Task[NeMoGymData, BridgeState, BridgeTaskConfig]):
         except SessionError as exc:
             raise _failed(trace, "open", exc) from None
         state.session_id = session.id
-        if session.step_wise:  # it takes the model's actions as text: no tools to offer
-            state.step_wise, state.direct_tools, state.tool_names = True, {}, []
+        if session.step_wise:  # its tools (the row's) run in its steps: episodes.py
+            state.step_wise, state.row = True, self.data.row
             state.observation = str(session.seed_reply.get("observation") or "")
 
     async def _listed(self, trace: Trace) -> list[dict[str, Any]]:

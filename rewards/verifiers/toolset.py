@@ -1,11 +1,13 @@
 """The tools of a `BridgeTask` for verifiers' harnesses: an MCP tool server (verifiers runs it
 as `python -m nemo_gym_grpc.rewards.verifiers.toolset`, one per env worker) whose catalog is the
 row's function tools and whose calls go to the rollout's NeMo Gym session through the bridge's
-`CallTool` (the session's cookies and replica stay with the bridge)."""
+`CallTool` (the session's cookies and replica stay with the bridge). In a step-wise episode
+each call is a `/step` whose action is that call (`step_call`; episodes.py)."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any, cast
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -13,7 +15,7 @@ from mcp.types import CallToolResult, TextContent, Tool
 from verifiers.v1.mcp import SharedToolsetConfig, Toolset
 
 from nemo_gym_grpc.rewards.client.sessions import SessionError
-from nemo_gym_grpc.rewards.verifiers import clients
+from nemo_gym_grpc.rewards.verifiers import clients, episodes
 from nemo_gym_grpc.rewards.verifiers.taskset import BridgeState
 
 UNKNOWN_TOOL = "UNKNOWN_TOOL"  # the bridge's reason for a tool the server does not have
@@ -49,6 +51,8 @@ class BridgeToolset(Toolset[SharedToolsetConfig, BridgeState]):
         but an unknown tool or arguments the server refused) is also recorded in the state's
         `tool_failures`, which makes the trace errored (taskset.py)."""
         state = self.state
+        if state.step_wise:
+            return await step_call(state, name, arguments)
         try:
             output = await clients.call_tool(
                 state.bridge, state.session_id, name, arguments, state.step_timeout
@@ -62,6 +66,41 @@ class BridgeToolset(Toolset[SharedToolsetConfig, BridgeState]):
             text = f"{failure.cause}: {failure.message}"
             return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         return CallToolResult(content=[TextContent(type="text", text=json.dumps(output))])
+
+
+async def step_call(state: BridgeState, name: str, arguments: dict[str, Any]) -> CallToolResult:
+    """A tool call in a step-wise episode: one `/step` whose action is a Responses object of
+    that one `function_call`, which the server runs (NeMo Gym's gymnasium servers return its
+    output in the step's `info["tool_outputs"]`). The text: that output, then the step's
+    observation; the step's reward and end go into `state` (`episodes.took`). A failed step
+    is an error result, and the trace is errored (`episodes.failed`)."""
+    if state.episode_over or state.step_failure:
+        return _text("the episode is over: no more tool calls", error=True)
+    call_id = f"call_{uuid.uuid4().hex[:16]}"
+    call = {"type": "function_call", "id": f"fc_{call_id}", "call_id": call_id, "name": name}
+    call |= {"arguments": json.dumps(arguments), "status": "completed"}
+    response = {"id": f"resp_{call_id}", "object": "response", "created_at": 0, "model": ""}
+    response |= {"output": [call], "parallel_tool_calls": False, "tool_choice": "auto"}
+    response |= {"tools": list(state.row.get("responses_create_params", {}).get("tools") or [])}
+    try:
+        result = await clients.step(
+            state.bridge, state.session_id, state.row, state.step_timeout, response=response
+        )
+    except SessionError as exc:
+        episodes.failed(state, exc)
+        return _text(f"{exc.failure.cause}: {exc.failure.message}", error=True)
+    info = json.loads(result.info_json) if result.info_json else {}
+    outputs = info.get("tool_outputs") if isinstance(info, dict) else None
+    texts = [str(o.get("output", "")) for o in outputs or [] if isinstance(o, dict)]
+    if result.HasField("observation") and result.observation:
+        texts.append(result.observation)
+    if episodes.took(state, result):
+        texts.append("(the episode is over)")
+    return _text("\n".join(texts))
+
+
+def _text(text: str, error: bool = False) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=error)
 
 
 if __name__ == "__main__":

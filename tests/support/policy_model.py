@@ -25,10 +25,10 @@ judge model's upstream that is down, for masked rollouts). And what TRL 1.16's a
 move) and `GET /server_info` (dtype float32).
 
 Replies, chosen from the conversation (Chat Completions `messages`):
-- the request offers the `get_weather` tool (example_single_tool_call, example_mcp_weather)
-  and the conversation has fewer than `knobs.tool_turns` tool messages: a call
-  `get_weather(knobs.tool_arguments)` (by default `{"city": "sf"}`; id `call_<k>`, k = tool
-  messages so far), finish_reason `tool_calls`;
+- the request offers the `knobs.tool_name` tool (by default `get_weather`:
+  example_single_tool_call, example_mcp_weather) and the conversation has fewer than
+  `knobs.tool_turns` tool messages: a call of it with `knobs.tool_arguments` (by default
+  `{"city": "sf"}`; id `call_<k>`, k = tool messages so far), finish_reason `tool_calls`;
 - the last message is a tool output: FORECAST_PREFIX + the tool's `weather_description` (or
   `weather`);
 - otherwise the first entry of `answers` (substring of the last user message -> text) that
@@ -83,6 +83,7 @@ class Knobs:
         match: apply delay/hold/status only to calls whose request body (JSON text) contains
             this substring (None: every call).
         tool_turns: how many get_weather calls to make before the final answer.
+        tool_name: the tool those calls call, when the request offers it (get_weather).
         tool_arguments: the arguments of those calls (JSON text).
         tool_call_rate: the chance that a conversation offered get_weather calls it at all
             (else the first turn answers DEFAULT_ANSWER, which example_single_tool_call scores
@@ -99,6 +100,7 @@ class Knobs:
     status_times: int | None = None
     match: str | None = None
     tool_turns: int = 1
+    tool_name: str = WEATHER_TOOL
     tool_arguments: str = WEATHER_ARGUMENTS
     tool_call_rate: float = 1.0
     seed: int = 0
@@ -246,14 +248,14 @@ class ScriptedPolicy:
         """The assistant message (role, content, tool_calls) to reply to this conversation."""
         tool_messages = [m for m in messages if m.get("role") == "tool"]
         last = messages[-1] if messages else {}
-        offers_weather = WEATHER_TOOL in toy_chat.tool_names(tools)
+        offers_weather = self.knobs.tool_name in toy_chat.tool_names(tools)
         if offers_weather and not tool_messages and self.knobs.tool_call_rate < 1.0:
             offers_weather = self._draw() < self.knobs.tool_call_rate
         if offers_weather and len(tool_messages) < self.knobs.tool_turns:
             call = {
                 "id": f"call_{len(tool_messages)}",
                 "type": "function",
-                "function": {"name": WEATHER_TOOL, "arguments": self.knobs.tool_arguments},
+                "function": {"name": self.knobs.tool_name, "arguments": self.knobs.tool_arguments},
             }
             return {"role": "assistant", "content": None, "tool_calls": [call]}
         if last.get("role") == "tool":
