@@ -157,7 +157,7 @@ def test_skyrl_adds_the_first_observation_and_ends_at_the_servers_end(bridge):
     prompt, _ = env.init([{"role": "user", "content": "Deal me in."}])
     assert prompt[-1]["role"] == "user" and "Your hand" in prompt[-1]["content"]
     outs = [env.step("<action>hit</action>")]
-    while not outs[-1]["done"]:  # a hand busts within 11 cards
+    while not outs[-1]["done"]:  # hitting busts the hand long before max_turns (16)
         assert outs[-1]["observations"][0]["content"].startswith("Your hand")
         outs.append(env.step("<action>hit</action>"))
     assert outs[-1]["reward"] == -1.0 and outs[-1]["metadata"]["info"]["result"] == "bust"
