@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from tests.support import NemoGymServers, start_bridge
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.missing import missing
 from tests.support.policy_model import Knobs, ScriptedPolicy
+from tests.support.procs import closed_port
 from tests.support.prometheus_scrape import no_open_sessions
 from tests.support.vf_env import Served, run_episodes, served_examples
 
@@ -158,10 +158,7 @@ def test_a_step_the_server_fails_errors_the_trace(bridge, proxy, policy, serve):
 
 
 def test_a_bridge_that_cannot_be_reached_errors_the_trace_as_before(policy, nemo_gym_venv):
-    with socket.socket() as probe:  # a loopback port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        nowhere = f"127.0.0.1:{probe.getsockname()[1]}"
-    served = served_examples(nowhere, MULTI_TURN, nemo_gym_venv)
+    served = served_examples(f"127.0.0.1:{closed_port()}", MULTI_TURN, nemo_gym_venv)
     try:
         (trace,) = asyncio.run(run_episodes(served.address, policy.base_url, served.data[:1]))
     finally:
