@@ -39,7 +39,7 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from nemo_gym_grpc.rewards.client import embedded, settings
+from nemo_gym_grpc.rewards.client import embedded, settings, steps
 from nemo_gym_grpc.rewards.client.sessions import Session, SessionClient, SessionError
 from nemo_gym_grpc.rewards.skyrl.turns import Episode, ToolCall, tool_calls
 
@@ -183,7 +183,7 @@ class NemoGymEnv(BaseTextEnv):
         except SessionError as exc:
             self.close()
             raise NemoGymEnvError("step", exc) from None
-        info = json.loads(result.info_json) if result.info_json else {}
+        info = steps.info(result)
         ended = result.terminated or result.truncated
         if ended:
             self.session = None  # the server ended its episode, and the bridge its session
@@ -216,14 +216,10 @@ class NemoGymEnv(BaseTextEnv):
 
 
 def _observations(result: Any, info: Mapping[str, Any]) -> list[dict[str, str]]:
-    """What a step-wise server answered to a turn, as chat messages: the tool outputs its
-    step returned (`info["tool_outputs"]`, NeMo Gym's convention), then the observation."""
-    outputs = info.get("tool_outputs") if isinstance(info, Mapping) else None
-    messages = [
-        {"role": "tool", "content": str(out.get("output", ""))}
-        for out in outputs or []
-        if isinstance(out, Mapping)
-    ]
-    if result.HasField("observation") and result.observation:
-        messages.append({"role": "user", "content": result.observation})
+    """What a step-wise server answered to a turn, as chat messages: the outputs of the calls
+    its step ran (`tool`), then its observation (`user`)."""
+    outputs, observation = steps.answered(result, info)
+    messages = [{"role": "tool", "content": text} for text in outputs]
+    if observation:
+        messages.append({"role": "user", "content": observation})
     return messages

@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_gym_grpc.rewards.client import steps
+
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -62,16 +64,7 @@ class Episode:
 
     def calling(self, call: ToolCall) -> None:
         """Record `call` (a step-wise server runs it in its `/step` and returns its output)."""
-        self.output.append(
-            {
-                "type": "function_call",
-                "id": f"fc_{call.call_id}",
-                "call_id": call.call_id,
-                "name": call.name,
-                "arguments": json.dumps(call.arguments),
-                "status": "completed",
-            }
-        )
+        self.output.append(steps.function_call(call.name, call.arguments, call.call_id))
 
     def called(self, call: ToolCall, result: str) -> None:
         """Record `call` and the text it returned."""
@@ -94,13 +87,4 @@ class Episode:
 
     def response(self, params: dict[str, Any]) -> dict[str, Any]:
         """The Responses object of the episode, for the row's `responses_create_params`."""
-        return {
-            "id": f"resp_{uuid.uuid4().hex[:16]}",
-            "object": "response",
-            "created_at": 0,
-            "model": str(params.get("model") or "skyrl"),
-            "output": list(self.output),
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": list(params.get("tools") or []),
-        }
+        return steps.response(self.output, params, model="skyrl")

@@ -14,6 +14,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, TextContent, Tool
 from verifiers.v1.mcp import SharedToolsetConfig, Toolset
 
+from nemo_gym_grpc.rewards.client import steps
 from nemo_gym_grpc.rewards.client.sessions import SessionError
 from nemo_gym_grpc.rewards.verifiers import clients, episodes
 from nemo_gym_grpc.rewards.verifiers.taskset import BridgeState
@@ -76,12 +77,9 @@ async def step_call(state: BridgeState, name: str, arguments: dict[str, Any]) ->
     is an error result, and the trace is errored (`episodes.failed`)."""
     if state.episode_over or state.step_failure:
         return _text("the episode is over: no more tool calls", error=True)
-    call_id = f"call_{uuid.uuid4().hex[:16]}"
-    call = {"type": "function_call", "id": f"fc_{call_id}", "call_id": call_id, "name": name}
-    call |= {"arguments": json.dumps(arguments), "status": "completed"}
-    response = {"id": f"resp_{call_id}", "object": "response", "created_at": 0, "model": ""}
-    response |= {"output": [call], "parallel_tool_calls": False, "tool_choice": "auto"}
-    response |= {"tools": list(state.row.get("responses_create_params", {}).get("tools") or [])}
+    call = steps.function_call(name, arguments, f"call_{uuid.uuid4().hex[:16]}")
+    params = state.row.get("responses_create_params") or {}
+    response = steps.response([call], params, model="")
     try:
         result = await clients.step(
             state.bridge, state.session_id, state.row, state.step_timeout, response=response
@@ -89,11 +87,9 @@ async def step_call(state: BridgeState, name: str, arguments: dict[str, Any]) ->
     except SessionError as exc:
         episodes.failed(state, exc)
         return _text(f"{exc.failure.cause}: {exc.failure.message}", error=True)
-    info = json.loads(result.info_json) if result.info_json else {}
-    outputs = info.get("tool_outputs") if isinstance(info, dict) else None
-    texts = [str(o.get("output", "")) for o in outputs or [] if isinstance(o, dict)]
-    if result.HasField("observation") and result.observation:
-        texts.append(result.observation)
+    texts, observation = steps.answered(result, steps.info(result))
+    if observation:
+        texts.append(observation)
     if episodes.took(state, result):
         texts.append("(the episode is over)")
     return _text("\n".join(texts))
