@@ -7,6 +7,7 @@ with start_bridge("--head-url", gym.head_url) as bridge:
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 
 from nemo_gym_grpc.shared.child import STOP_GRACE, Child, NotReady, bridge_command
@@ -45,7 +46,18 @@ class BridgeProcess:
         return tail(self.stderr_path, lines)
 
     def stop(self, timeout: float = STOP_GRACE) -> int | None:
-        """SIGTERM (graceful), wait up to `timeout`, then SIGKILL. Returns the exit code."""
+        """SIGTERM (graceful), wait up to `timeout`, then SIGKILL. Returns the exit code.
+
+        A bridge that had already exited (a negative code: the signal that ended it) gets its
+        status and log tail written to stderr first, since stopping removes the log: pytest
+        shows it beside a failed test, so a bridge that died mid-module names its cause."""
+        status = self.proc.poll()
+        if status is not None:
+            print(
+                f"{self!r} had exited with status {status} before it was stopped; "
+                f"the end of its log:\n{self.stderr_tail()}",
+                file=sys.stderr,
+            )
         self.returncode = self.child.stop(timeout)
         procs.live.discard(self)
         return self.returncode
