@@ -1,6 +1,7 @@
 """Scenario 6 (issue 37): what each path costs a real NeMo Gym server. Real mcqa (one uvicorn
 process, CPU-bound), the server's own CPU (user + system) per item and items/s for the direct
-aiohttp fan-out (64 connections, the yardstick), for `reward_nemo_gym_verify` through
+aiohttp fan-out (64 connections, the yardstick; `direct_16` and `direct_256`: the same client at
+16 and 256 connections), for `reward_nemo_gym_verify` through
 bridges that differ in one flag each, and for several bridges in front of the one server at
 once (`two_bridges`, `four_bridges`: as on that many Ray nodes, each told so with
 `--sharing-bridges`; `four_bridges_unshared`: not told); rounds rotate the order of the paths.
@@ -55,8 +56,11 @@ SHARED: dict[str, tuple[int, tuple[str, ...]]] = {
     "four_bridges": (4, ("--sharing-bridges", "4")),
     "four_bridges_unshared": (4, ()),
 }
-ALL_PATHS = [*PATHS, *SHARED]
 DIRECT_CONCURRENCY = 64
+# Path name -> the direct fan-out's own concurrency: the yardstick's curve, so that each run
+# shows what concurrency alone saves the server against C = DIRECT_CONCURRENCY.
+DIRECT: dict[str, int] = {"direct_16": 16, "direct_256": 256}
+ALL_PATHS = [*PATHS, *SHARED, *DIRECT]
 SERVER_CPUS, CALLER_CPUS = {0}, {1}
 
 
@@ -191,7 +195,10 @@ def server_cost(
         pids: list[int] = []
         variants: list[tuple[str, dict[str, str] | None]] = [("", None)]
         variants += [(f"{n}:", {"PYTHONPATH": str(laid_out_elsewhere(c))}) for n, c in codes]
-        for prefix, env, path in ((p, e, path) for p, e in variants for path in paths):
+        for path in (p for p in paths if p in DIRECT):
+            runs[path] = (lambda c=DIRECT[path]: clients.fanout(verify_url, items, c), ())
+        bridge_paths = [p for p in paths if p not in DIRECT]
+        for prefix, env, path in ((p, e, path) for p, e in variants for path in bridge_paths):
             name = prefix + path
             bridges, flags = SHARED.get(path, (1, PATHS.get(path, ())))
             started = [
