@@ -3,7 +3,8 @@ item read gets exactly one result whatever order the answers finish in, results 
 a message is being sent go out in the next one, at most `max_stream_items` items are held at
 once, a duplicate request_id is refused alone, no response message is over the send limit (a
 result alone over it is its item's failure), and a stream over its bytes or the bridge over its
-budget reads no further message until results go out (every byte given back). The real services
+budget (each item counted with its state) reads no further message until results go out (every
+byte given back). The real services
 over real gRPC and NeMo Gym: test_bridge.py, test_faults*.py, test_run_service.py,
 test_message_limits.py."""
 
@@ -19,7 +20,7 @@ from types import SimpleNamespace
 from google.rpc import code_pb2
 
 from nemo_gym_grpc.bridge.rpc import kinds, streams
-from nemo_gym_grpc.bridge.rpc.budget import Budget
+from nemo_gym_grpc.bridge.rpc.budget import ITEM_STATE_BYTES, Budget, item_bytes
 from nemo_gym_grpc.bridge.rpc.verify_service import VerifyService
 from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2
@@ -173,12 +174,20 @@ async def test_a_unary_result_over_the_message_limit_is_its_items_failure() -> N
     assert result.ByteSize() < 10_000
 
 
+def padded_item(request_id: str) -> verify_pb2.VerifyRequest:
+    """An item of about 1,010 bytes."""
+    return verify_pb2.VerifyRequest(
+        request_id=request_id, resources_server="s", row_json="x" * 1000
+    )
+
+
+# What one `padded_item` counts against the byte limits while in flight.
+PADDED_BYTES = item_bytes(padded_item("i0"))
+
+
 def padded(ids: list[str], per_message: int) -> list[verify_pb2.VerifyStreamRequest]:
-    """Messages of `per_message` items of about 1,010 bytes each."""
-    items = [
-        verify_pb2.VerifyRequest(request_id=i, resources_server="s", row_json="x" * 1000)
-        for i in ids
-    ]
+    """Messages of `per_message` `padded_item`s each."""
+    items = [padded_item(i) for i in ids]
     return [
         verify_pb2.VerifyStreamRequest(items=items[k : k + per_message])
         for k in range(0, len(items), per_message)
@@ -200,12 +209,13 @@ async def test_a_stream_over_its_bytes_reads_no_further_message_until_results_go
     async def answer(request, deadline):
         return sized(request.request_id, 2_000)
 
-    limited = dataclasses.replace(kind(Scripted(0)), answer=answer, max_stream_bytes=9_000)
+    limit = 5 * PADDED_BYTES
+    limited = dataclasses.replace(kind(Scripted(0)), answer=answer, max_stream_bytes=limit)
     stream = streams._Stream(limited, None)
     ids = [f"i{n}" for n in range(20)]
     reader = asyncio.create_task(stream.read(fed(padded(ids, 2))))
     await asyncio.sleep(0.2)  # nobody reads the results meanwhile
-    # 3 messages of 2 items (~1 KB each, counted twice in flight) reached 9 KB; then it waits
+    # 3 messages of 2 items (each ~1 KB, counted twice, and its state) reached 6 of 5; it waits
     assert stream.accepted == 6
     assert sorted(await drain(stream)) == sorted(ids)
     await reader
@@ -216,7 +226,8 @@ async def test_the_bridge_budget_holds_every_stream_until_results_go_out() -> No
     async def answer(request, deadline):
         return sized(request.request_id, 2_000)
 
-    shared = dataclasses.replace(kind(Scripted(0)), answer=answer, budget=Budget(9_000))
+    budget = Budget(5 * PADDED_BYTES)
+    shared = dataclasses.replace(kind(Scripted(0)), answer=answer, budget=budget)
     first, second = streams._Stream(shared, None), streams._Stream(shared, None)
     reading = [
         asyncio.create_task(first.read(fed(padded([f"a{n}" for n in range(20)], 2)))),
@@ -230,6 +241,26 @@ async def test_the_bridge_budget_holds_every_stream_until_results_go_out() -> No
     assert shared.budget.held == 0
 
 
+async def test_small_items_count_their_state_against_the_budget() -> None:
+    """An item's task and state cost the bridge about 5 KB whatever its size (`budget.py`), so
+    a budget of 10 items' state holds the reader after about 10 items of a few bytes each."""
+
+    async def answer(request, deadline):
+        return sized(request.request_id, 10)
+
+    budget = Budget(10 * ITEM_STATE_BYTES)
+    small = dataclasses.replace(kind(Scripted(0)), answer=answer, budget=budget)
+    stream = streams._Stream(small, None)
+    tiny = [verify_pb2.VerifyRequest(request_id=f"t{n}", resources_server="s") for n in range(100)]
+    batches = [verify_pb2.VerifyStreamRequest(items=tiny[k : k + 4]) for k in range(0, 100, 4)]
+    reader = asyncio.create_task(stream.read(fed(batches)))
+    await asyncio.sleep(0.2)  # nobody reads the results meanwhile
+    assert stream.accepted == 12  # 3 messages of 4 reached 10 items' state; then it waits
+    assert len(await drain(stream)) == 100
+    await reader
+    assert budget.held == 0
+
+
 async def test_a_stream_that_ends_early_gives_its_bytes_back() -> None:
     async def hang(request, deadline):
         await asyncio.Event().wait()
@@ -239,7 +270,7 @@ async def test_a_stream_that_ends_early_gives_its_bytes_back() -> None:
     call = streams.serve(hung, fed(padded(["a", "b", "c"], 3)), context)  # type: ignore[arg-type]
     pending = asyncio.ensure_future(anext(call))
     await asyncio.sleep(0.05)
-    assert hung.budget.held > 3_000  # three items of ~1 KB in flight
+    assert hung.budget.held == sum(item_bytes(padded_item(i)) for i in "abc")  # in flight
     pending.cancel()  # the call ends (e.g. its client went away)
     await asyncio.gather(pending, return_exceptions=True)
     await call.aclose()
@@ -262,5 +293,5 @@ async def test_a_unary_item_counts_against_the_budget_and_waits_while_it_is_full
     assert not call.done() and not seen  # waits, nothing sent upstream
     full.budget.give(10_000)
     assert (await call).reward == 1.0
-    assert seen == [streams.IN_FLIGHT_COPIES * item.ByteSize()]  # counted while it ran
+    assert seen == [item_bytes(item)]  # counted while it ran
     assert full.budget.held == 0

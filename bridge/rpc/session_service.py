@@ -17,9 +17,9 @@ from google.protobuf.message import Message
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.flows.session import Sessions
 from nemo_gym_grpc.bridge.flows.verify import Verifier, scored_response
-from nemo_gym_grpc.bridge.rpc.budget import Budget
+from nemo_gym_grpc.bridge.rpc.budget import Budget, item_bytes
 from nemo_gym_grpc.bridge.rpc.handlers import add_service
-from nemo_gym_grpc.bridge.rpc.streams import IN_FLIGHT_COPIES, call_deadline
+from nemo_gym_grpc.bridge.rpc.streams import call_deadline
 from nemo_gym_grpc.shared.contract import SESSION_SERVICE
 from nemo_gym_grpc.v1 import session_pb2, session_pb2_grpc
 
@@ -106,7 +106,7 @@ class SessionService(session_pb2_grpc.SessionServiceServicer):
         """`call(request, deadline)`'s result, with `request` counted in the byte budget
         meanwhile (waiting for room first)."""
         await self._budget.room()
-        held = IN_FLIGHT_COPIES * request.ByteSize()
+        held = item_bytes(request)
         self._budget.take(held)
         try:
             return await call(request, deadline)

@@ -13,14 +13,14 @@ exactly one result; `request_id`s must be unique among the items in flight (a du
 INVALID_ARGUMENT alone); half-close finishes the items in flight and ends the call with OK; at
 most `max_stream_items` items are held at once (in flight or with a result not yet sent), and
 no further message is read while the stream holds `max_stream_bytes` or the bridge its
-`budget` (items and unsent results, serialized: `budget.py`); a client that sends faster
-waits, because the reader stops reading and gRPC flow control slows it; a message with more
-than `max_batch_items` items, or one that cannot be parsed, ends the call (RESOURCE_EXHAUSTED /
-INVALID_ARGUMENT) once the items read before it are answered. When the call ends for any other
-reason (cancelled, deadline, shutdown) every item's task is cancelled and awaited, so no item's
-upstream call outlives its stream. A stream that holds nothing and receives nothing for
-`idle_timeout` seconds is ended UNAVAILABLE / STREAM_IDLE, so an idle client cannot keep one of
-the `--max-streams` places.
+`budget` (items as `budget.item_bytes` counts them, and unsent results, serialized); a client
+that sends faster waits, because the reader stops reading and gRPC flow control slows it; a
+message with more than `max_batch_items` items, or one that cannot be parsed, ends the call
+(RESOURCE_EXHAUSTED / INVALID_ARGUMENT) once the items read before it are answered. When the
+call ends for any other reason (cancelled, deadline, shutdown) every item's task is cancelled
+and awaited, so no item's upstream call outlives its stream. A stream that holds nothing and
+receives nothing for `idle_timeout` seconds is ended UNAVAILABLE / STREAM_IDLE, so an idle
+client cannot keep one of the `--max-streams` places.
 """
 
 from __future__ import annotations
@@ -37,13 +37,10 @@ from google.rpc import code_pb2
 from grpc_status import rpc_status
 
 from nemo_gym_grpc.bridge import errors
+from nemo_gym_grpc.bridge.rpc.budget import item_bytes
 from nemo_gym_grpc.bridge.rpc.interceptors import refuse_stream
 from nemo_gym_grpc.bridge.rpc.kinds import Item, Kind, Result, fitted, too_large
 from nemo_gym_grpc.shared import reasons
-
-# An item in flight counts this many times its serialized size against the byte limits: its
-# message, and the upstream body built from it (about as large: the row and the response).
-IN_FLIGHT_COPIES = 2
 
 
 @dataclass(frozen=True)
@@ -83,7 +80,7 @@ async def unary(
         )
     budget = kind.budget
     await budget.room()
-    held = IN_FLIGHT_COPIES * request.ByteSize()
+    held = item_bytes(request)
     budget.take(held)
     try:
         result = await kind.answer(request, call_deadline(context))
@@ -248,7 +245,7 @@ class _Stream(Generic[Item, Result]):
                         continue
                     if request.request_id:
                         self._in_flight_ids.add(request.request_id)
-                    size = IN_FLIGHT_COPIES * request.ByteSize()
+                    size = item_bytes(request)
                     self._take(size)
                     task = asyncio.create_task(self._answer(request, size))
                     self.tasks.add(task)
