@@ -1,14 +1,29 @@
 """The one lifecycle of a serving child process (`nemo_gym_grpc.shared.child`): ready once its
 ready file is whole, refused with its output when it exits first or is late (and then stopped),
-stopped by its PID; real subprocesses, no bridge."""
+stopped by its PID; a folder whose owner was killed removed by the next child; real
+subprocesses, no bridge."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 
-from nemo_gym_grpc.shared.child import Child, NotReady, read_ready_file, write_ready_file
+from nemo_gym_grpc.shared.child import (
+    UNOWNED_AGE,
+    Child,
+    NotReady,
+    read_ready_file,
+    sweep,
+    write_ready_file,
+)
 
 # A child that takes `--ready-file PATH` as its last two arguments.
 SERVES = (
@@ -54,3 +69,40 @@ def test_a_ready_file_is_read_only_when_whole(tmp_path):
     assert read_ready_file(path) is None
     write_ready_file(path, "127.0.0.1:5")
     assert read_ready_file(path) == "127.0.0.1:5"
+
+
+# An owner that starts a child which outlives it (no `--exit-with-parent`), prints the child's
+# folder and PID, and waits to be killed.
+OWNS = (
+    "import sys, time; from nemo_gym_grpc.shared.child import Child;"
+    f"child = Child([sys.executable, '-c', {HANGS!r}], prefix=sys.argv[1]);"
+    "print(child.folder, child.pid, flush=True); time.sleep(60)"
+)
+
+
+def test_a_folder_is_removed_by_the_next_child_once_its_owner_and_child_are_gone():
+    prefix = f"nemo_gym_grpc_test_{uuid.uuid4().hex[:8]}_"
+    owner = subprocess.Popen([*python(OWNS), prefix], stdout=subprocess.PIPE, text=True)
+    folder, pid = owner.stdout.readline().split()  # type: ignore[union-attr]
+    owner.kill()  # as a trainer is killed: nothing of its own cleans up
+    owner.wait(10)
+    child_pid = int(pid)
+    try:
+        Child(python(FAILS), prefix=prefix).stop()
+        assert Path(folder).is_dir()  # its child still runs
+    finally:
+        os.kill(child_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child_pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the orphan is reaped by init
+    Child(python(FAILS), prefix=prefix).stop()
+    assert not Path(folder).exists()
+
+
+def test_a_folder_without_owners_is_kept_until_it_is_old():
+    prefix = f"nemo_gym_grpc_test_{uuid.uuid4().hex[:8]}_"
+    folder = Path(tempfile.mkdtemp(prefix=prefix))  # an older version's, or one being made
+    assert sweep(prefix) == [] and folder.is_dir()
+    old = time.time() - UNOWNED_AGE - 60
+    os.utime(folder, (old, old))
+    assert sweep(prefix) == [folder] and not folder.exists()

@@ -13,11 +13,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from nemo_gym_grpc.rewards import create_nemo_gym_reward_fn, reward_nemo_gym_verify
 from nemo_gym_grpc.rewards.client import embedded, settings
+from nemo_gym_grpc.shared.child import sweep
 from tests.support import closed_port, example_rows
 from tests.support.reward_rows import mcqa_answer, reward_columns
 
@@ -177,7 +179,7 @@ row = json.loads(sys.argv[1])
 answer = "\\boxed{%s}" % row["expected_answer"]
 print(reward_nemo_gym_verify([answer], resources_server_ref=[{"name": "mcqa"}], verify_extra=[row]))
 (bridge,) = embedded.running_bridges().values()
-print(bridge.process.pid, flush=True)
+print(bridge.process.pid, bridge.child.folder, flush=True)
 time.sleep(600)
 """
 
@@ -206,7 +208,8 @@ def test_an_embedded_bridge_exits_when_its_process_is_killed(nemo_gym, tmp_path)
         readable, _, _ = select.select([child.stdout], [], [], 120)
         assert readable, "the child printed nothing within 120 s"
         assert child.stdout.readline().strip() == "[1.0]"
-        bridge_pid = int(child.stdout.readline())
+        pid, folder = child.stdout.readline().split()
+        bridge_pid = int(pid)
         assert not _exited(bridge_pid)
         os.kill(child.pid, signal.SIGKILL)  # no atexit handlers run in the child
         child.wait(30)
@@ -215,6 +218,8 @@ def test_an_embedded_bridge_exits_when_its_process_is_killed(nemo_gym, tmp_path)
                 break
             time.sleep(0.1)
         assert _exited(bridge_pid), "the embedded bridge outlived the process that started it"
+        assert Path(folder).is_dir()  # nobody could remove it: the next bridge's start does
+        assert Path(folder) in sweep(embedded._PREFIX) and not Path(folder).exists()
     finally:
         if child.poll() is None:
             os.kill(child.pid, signal.SIGKILL)

@@ -8,11 +8,16 @@ folder is a private temporary one. It is ready once the file holds "host:port" a
 (`write_ready_file` writes it atomically once the child serves). It is stopped by its PID, or
 its process group when it runs in a session of its own: SIGTERM (a bridge then drains), a
 grace, then SIGKILL; the folder is removed. Nothing is ever signalled by name.
+
+A folder outlives its owner only when the owner could not remove it (killed: SIGKILL, the OOM
+killer), as a trainer often is; the bridge then exits with it (`--exit-with-parent`), and the
+next `Child` with the same prefix removes the folder (`sweep`), which names both processes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import signal
@@ -23,10 +28,59 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import psutil
+
 POLL_SECONDS = 0.05
 LOG_TAIL_BYTES = 4000
 # Seconds a stopped child gets between SIGTERM and SIGKILL (a bridge's own drain grace is 10 s).
 STOP_GRACE = 15.0
+# In a child's folder: "<owner pid> <its start> <child pid> <its start>" (`process_start`;
+# a start of 0 or None: not known).
+OWNERS_FILE = "owners"
+# A folder with no readable owners file (made by an older version, or being made right now) is
+# left alone until it is this many seconds old.
+UNOWNED_AGE = 3600.0
+
+
+def process_start(pid: int) -> float | None:
+    """What tells process `pid` from a later one given its PID: its start time (seconds since
+    the epoch, psutil's), None when no such process runs or it exited and awaits its reaping
+    (0.0: it runs, its start unknown)."""
+    try:
+        process = psutil.Process(pid)
+        return None if process.status() == psutil.STATUS_ZOMBIE else process.create_time()
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.Error:  # e.g. another user's: it runs
+        return 0.0
+
+
+def _runs(pid: str, start: str) -> bool:
+    """Whether process `pid` that started at `start` (as `process_start` gave it) runs."""
+    now = process_start(int(pid))
+    return now is not None and (not now or not float(start) or abs(now - float(start)) < 0.01)
+
+
+def sweep(prefix: str) -> list[Path]:
+    """Remove the temporary folders of earlier children with `prefix` whose owner and child
+    have both exited (the ones `Child.stop` could not remove); returns them. A folder either
+    process still runs in, or one without a readable owners file younger than UNOWNED_AGE, is
+    kept."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(glob.escape(prefix) + "*"):
+        try:
+            fields = (folder / OWNERS_FILE).read_text().split()
+            owner, owner_start, child, child_start = fields
+            gone = not _runs(owner, owner_start) and not _runs(child, child_start)
+        except (OSError, ValueError):
+            try:
+                gone = time.time() - folder.stat().st_mtime > UNOWNED_AGE
+            except OSError:
+                continue
+        if gone and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def bridge_command(*args: str, python: str = sys.executable) -> list[str]:
@@ -105,6 +159,7 @@ class Child:
         preexec_fn: Callable[[], None] | None = None,
         prefix: str = "nemo_gym_grpc_child_",
     ) -> None:
+        sweep(prefix)
         self.folder = Path(tempfile.mkdtemp(prefix=prefix))
         self.ready_file = self.folder / "ready"
         self.log_path = self.folder / "output.log"
@@ -127,6 +182,9 @@ class Child:
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         self.pid = self.process.pid
+        owners = [(pid, process_start(pid) or 0.0) for pid in (os.getpid(), self.pid)]
+        with contextlib.suppress(OSError):
+            (self.folder / OWNERS_FILE).write_text(" ".join(f"{p} {t!r}" for p, t in owners))
 
     @property
     def running(self) -> bool:
