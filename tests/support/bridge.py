@@ -52,7 +52,7 @@ class BridgeProcess:
         status and log tail written to stderr first, since stopping removes the log: pytest
         shows it beside a failed test, so a bridge that died mid-module names its cause."""
         status = self.proc.poll()
-        if status is not None:
+        if status is not None and self.returncode is None:  # not stopped here before
             print(
                 f"{self!r} had exited with status {status} before it was stopped; "
                 f"the end of its log:\n{self.stderr_tail()}",
