@@ -141,30 +141,34 @@ def verify_walk(recorder: Recorder, target: str) -> dict[str, Any]:
 
 
 def rollout_walk(recorder: Recorder, target: str) -> dict[str, Any]:
-    """One group of 2 rollouts through the rollout worker, after one group to warm up."""
+    """One group of 2 rollouts through the rollout worker, after one group to warm up. The
+    buffer takes one group (`queue_maxsize` 2), so the worker waits with the warm-up group in
+    it, and the walked group is sent only once the window is open (else the worker sent it
+    while the warm-up group was taken, and the window caught it half done)."""
     from types import SimpleNamespace
 
     from nemo_gym_grpc.rewards import create_nemo_gym_rollout_worker
 
-    fields = {"num_generations": 2, "max_staleness": 4, "queue_maxsize": 0, "top_p": 1.0}
+    fields = {"num_generations": 2, "max_staleness": 4, "queue_maxsize": 2, "top_p": 1.0}
     fields |= {"max_inflight_tasks": 2, "temperature": 1.0, "per_device_train_batch_size": 2}
     row = {"responses_create_params": {"input": [{"role": "user", "content": "hi"}]}}
     args = SimpleNamespace(gradient_accumulation_steps=1, **fields)
     worker = create_nemo_gym_rollout_worker([row], args, "agent", target=target)
     worker.start()
 
-    def group() -> None:
-        got = 0
+    def filled() -> None:
         deadline = time.monotonic() + 60
-        while got < 2 and time.monotonic() < deadline:
-            if not worker.rollout_buffer.empty():
-                worker.rollout_buffer.get_nowait()
-                got += 1
+        while worker.rollout_buffer.qsize() < 2 and time.monotonic() < deadline:
             time.sleep(0.001)
-        assert got == 2, f"no group in 60 s: {worker.counts}"
+        assert worker.rollout_buffer.qsize() == 2, f"no group in 60 s: {worker.counts}"
+
+    def group() -> None:
+        for _ in range(2):
+            worker.rollout_buffer.get_nowait()  # the group before: the worker goes on
+        filled()
 
     try:
-        group()
+        filled()
         return recorder.walk(group)
     finally:
         worker.stop()

@@ -5,26 +5,26 @@ process's own limits stay as they are."""
 
 from __future__ import annotations
 
-import resource
 import subprocess
 import sys
 
+# The child sets its own limits first (argv: soft, hard, wanted). Set by a `preexec_fn`
+# instead, they made `subprocess` fork (not vfork), and gRPC's fork handlers of this process
+# (its client turns gRPC's fork support on) then wrote an epoll error into the child's stderr
+# before its exec now and then (once: a clean-clone CI run on ffc2530).
 CHECK = """
 import logging, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])))
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 from nemo_gym_grpc.bridge.process.descriptors import raise_limit
-got = raise_limit(int(sys.argv[1]))
+got = raise_limit(int(sys.argv[3]))
 print(got, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 """
 
 
 def run_with_limits(soft: int, hard: int, wanted: int) -> subprocess.CompletedProcess[str]:
-    def limits() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
     return subprocess.run(
-        [sys.executable, "-c", CHECK, str(wanted)],
-        preexec_fn=limits,
+        [sys.executable, "-c", CHECK, str(soft), str(hard), str(wanted)],
         capture_output=True,
         text=True,
         timeout=60,
