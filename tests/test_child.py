@@ -24,6 +24,7 @@ from nemo_gym_grpc.shared.child import (
     sweep,
     write_ready_file,
 )
+from tests.support.waiting import wait_until
 
 # A child that takes `--ready-file PATH` as its last two arguments.
 SERVES = (
@@ -92,9 +93,7 @@ def test_a_folder_is_removed_by_the_next_child_once_its_owner_and_child_are_gone
         assert Path(folder).is_dir()  # its child still runs
     finally:
         os.kill(child_pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{child_pid}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)  # the orphan is reaped by init
+    wait_until(lambda: not Path(f"/proc/{child_pid}").exists(), 10, "the orphan reaped by init")
     Child(python(FAILS), prefix=prefix).stop()
     assert not Path(folder).exists()
 

@@ -56,9 +56,12 @@ def process_start(pid: int) -> float | None:
 
 
 def _runs(pid: str, start: str) -> bool:
-    """Whether process `pid` that started at `start` (as `process_start` gave it) runs."""
+    """Whether process `pid`, started at `start` (as `process_start` gave it; 0: not known),
+    runs: a process with that PID runs, and its start is not known or is that one."""
     now = process_start(int(pid))
-    return now is not None and (not now or not float(start) or abs(now - float(start)) < 0.01)
+    if now is None:
+        return False
+    return not now or not float(start) or abs(now - float(start)) < 0.01
 
 
 def sweep(prefix: str) -> list[Path]:
@@ -69,8 +72,7 @@ def sweep(prefix: str) -> list[Path]:
     removed = []
     for folder in Path(tempfile.gettempdir()).glob(glob.escape(prefix) + "*"):
         try:
-            fields = (folder / OWNERS_FILE).read_text().split()
-            owner, owner_start, child, child_start = fields
+            owner, owner_start, child, child_start = (folder / OWNERS_FILE).read_text().split()
             gone = not _runs(owner, owner_start) and not _runs(child, child_start)
         except (OSError, ValueError):
             try:
