@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from nemo_gym_grpc.bridge.flows.balancer import Slots, SlotTimeout
+from nemo_gym_grpc.bridge.flows.balancer import EXPIRY_GRID, Slots, SlotTimeout
 
 
 async def test_at_most_size_holders_served_in_arrival_order() -> None:
@@ -37,7 +37,7 @@ async def test_a_bounded_wait_times_out_without_leaking_and_reports_its_wait() -
         with pytest.raises(SlotTimeout) as timed_out:
             async with slots.use(0.05):
                 raise AssertionError("the body must not run")
-        assert timed_out.value.queued >= 0.05
+        assert 0.05 - EXPIRY_GRID <= timed_out.value.queued < 0.5  # its end is on the grid
         waiter = asyncio.ensure_future(_hold(slots, 5.0))
         await asyncio.sleep(0.01)
         assert slots.waiting == 1
@@ -85,4 +85,21 @@ async def test_random_cancels_and_timeouts_never_leak_a_slot() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
     assert peak <= 3
     assert (slots.in_flight, slots.waiting) == (0, 0)
+    assert not slots._expiries  # every wait's end is gone with it, its timer cancelled
     assert await _hold(slots, 0.0) == 0.0  # every slot is free again
+
+
+async def test_waits_that_end_together_share_one_timer() -> None:
+    slots = Slots(1)
+    loop = asyncio.get_running_loop()
+    async with slots.use():
+        timers = len(loop._scheduled)  # type: ignore[attr-defined]
+        waiters = [asyncio.ensure_future(_hold(slots, 0.1)) for _ in range(500)]
+        await asyncio.sleep(0.01)
+        assert slots.waiting == 500
+        added = len(loop._scheduled) - timers  # type: ignore[attr-defined]
+        assert added <= 3  # 500 waits end within 10 ms of each other: one or two grid steps
+        done = await asyncio.gather(*waiters, return_exceptions=True)
+    assert all(isinstance(result, SlotTimeout) for result in done)
+    assert (slots.in_flight, slots.waiting) == (0, 0)
+    assert not slots._expiries

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 
 # Seconds a replica that refused a connection is passed over while another one is available.
 REFUSED_COOLDOWN = 5.0
+# Bounded waits for a slot end on this grid (seconds of the event loop's clock), rounded down:
+# the waits that end in one step share one timer (`Slots`).
+EXPIRY_GRID = 0.01
 
 
 class SlotTimeout(Exception):
@@ -38,11 +42,13 @@ class SlotTimeout(Exception):
 class Slots:
     """`size` slots for concurrent calls, and their load; callers wait in arrival order.
 
-    A free slot costs one comparison; a wait, one future and (when bounded) one timer handle;
-    a slot given back goes straight to the oldest caller still waiting. (asyncio.Semaphore
-    with asyncio.timeout cost 13.6% of the bridge's samples at capacity, where nearly every
-    item queues: on Python 3.11 `Semaphore.locked` scans its waiters, and each bounded wait
-    built a Timeout; docs/performance.md.)
+    A free slot costs one comparison; a wait, one future (and, when bounded, a place in the
+    set of waits that end in the same EXPIRY_GRID step, one timer for them all); a slot given
+    back goes straight to the oldest caller still waiting. (asyncio.Semaphore with
+    asyncio.timeout cost 13.6% of the bridge's samples at capacity, where nearly every item
+    queues: on Python 3.11 `Semaphore.locked` scans its waiters, and each bounded wait built a
+    Timeout; a timer per wait, as next, still cost 6% at a zero-work upstream under the
+    adaptive limit, and ~650 bytes per waiting item; docs/performance.md.)
 
     Attributes:
         size: the slots (`resize` changes it).
@@ -50,11 +56,12 @@ class Slots:
         in_flight: items holding one.
     """
 
-    __slots__ = ("_waiters", "in_flight", "size", "waiting")
+    __slots__ = ("_expiries", "_waiters", "in_flight", "size", "waiting")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._waiters: deque[asyncio.Future[bool]] = deque()
+        self._expiries: dict[float, _Expiry] = {}  # by the loop time they end at
         self.waiting = 0
         self.in_flight = 0
 
@@ -65,10 +72,10 @@ class Slots:
 
     def use(self, wait: float | None = None) -> _Slot:
         """`async with slots.use(wait) as queued:` holds one slot for the body; `queued` is the
-        seconds spent waiting for it, at most `wait` (None: as long as it takes), else
-        `SlotTimeout` is raised and the body does not run. The counters are restored however
-        the body (or the wait) ends; a caller cancelled as a slot was handed to it passes the
-        slot on."""
+        seconds spent waiting for it, at most `wait` (None: as long as it takes; a wait's end is
+        rounded down to EXPIRY_GRID), else `SlotTimeout` is raised and the body does not run.
+        The counters are restored however the body (or the wait) ends; a caller cancelled as a
+        slot was handed to it passes the slot on."""
         return _Slot(self, wait)
 
     async def _acquire(self, wait: float | None) -> float:
@@ -80,7 +87,9 @@ class Slots:
         future: asyncio.Future[bool] = loop.create_future()
         self._waiters.append(future)
         self.waiting += 1
-        timer = None if wait is None else loop.call_later(max(wait, 0.0), self._expire, future)
+        expiry = None if wait is None else self._expiry(loop, wait)
+        if expiry is not None:
+            expiry.futures.add(future)
         try:
             handed = await future
         except asyncio.CancelledError:
@@ -90,16 +99,38 @@ class Slots:
                 self._release()
             raise
         finally:
-            if timer is not None:
-                timer.cancel()
+            if expiry is not None:
+                self._leave(expiry, future)
         if not handed:
             raise SlotTimeout(time.monotonic() - queued_at)
         return time.monotonic() - queued_at
 
-    def _expire(self, future: asyncio.Future[bool]) -> None:
-        if not future.done():
-            self.waiting -= 1
-            future.set_result(False)
+    def _expiry(self, loop: asyncio.AbstractEventLoop, wait: float) -> _Expiry:
+        """The shared end of a wait of `wait` seconds from now, rounded down to EXPIRY_GRID."""
+        at = math.floor((loop.time() + max(wait, 0.0)) / EXPIRY_GRID) * EXPIRY_GRID
+        expiry = self._expiries.get(at)
+        if expiry is None:
+            expiry = self._expiries[at] = _Expiry(at)
+            expiry.timer = loop.call_at(at, self._expire, expiry)
+        return expiry
+
+    def _leave(self, expiry: _Expiry, future: asyncio.Future[bool]) -> None:
+        """A wait of `expiry` ended (a slot, the timer, a cancellation): its timer goes with
+        the last one."""
+        futures = expiry.futures
+        futures.discard(future)
+        if not futures and self._expiries.get(expiry.at) is expiry:
+            del self._expiries[expiry.at]
+            expiry.timer.cancel()
+
+    def _expire(self, expiry: _Expiry) -> None:
+        """The waits of `expiry` ended unserved: each of them is answered False."""
+        if self._expiries.get(expiry.at) is expiry:
+            del self._expiries[expiry.at]
+        for future in expiry.futures:
+            if not future.done():
+                self.waiting -= 1
+                future.set_result(False)
 
     def _release(self) -> None:
         if self.in_flight > self.size:  # the size shrank: this slot goes
@@ -125,6 +156,17 @@ class Slots:
                 self.waiting -= 1
                 self.in_flight += 1
                 future.set_result(True)
+
+
+class _Expiry:
+    """The waits for a slot that end at loop time `at`, and their one timer."""
+
+    __slots__ = ("at", "futures", "timer")
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+        self.futures: set[asyncio.Future[bool]] = set()
+        self.timer: asyncio.TimerHandle
 
 
 class Replica(Slots):
