@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from nemo_gym_grpc.shared.child import (
+    PARENT_DEATH_ENV,
     UNOWNED_AGE,
     Child,
     NotReady,
@@ -105,3 +107,37 @@ def test_a_folder_without_owners_is_kept_until_it_is_old():
     old = time.time() - UNOWNED_AGE - 60
     os.utime(folder, (old, old))
     assert sweep(prefix) == [folder] and not folder.exists()
+
+
+# A child that arms its parent-death signal, then serves (`arm_parent_death`).
+ARMS = "from nemo_gym_grpc.shared.child import arm_parent_death; arm_parent_death();" + SERVES
+
+
+@pytest.mark.parametrize("die_with_parent", [True, False])
+def test_a_child_started_die_with_parent_is_killed_when_its_starting_thread_ends(die_with_parent):
+    started: list[Child] = []
+
+    def start() -> None:  # the thread ends once the child serves (it armed the signal first)
+        started.append(Child(python(ARMS), die_with_parent=die_with_parent))
+        started[0].wait_ready(30)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    starter.join()
+    child = started[0]
+    try:
+        if die_with_parent:  # the thread that started it has ended: the kernel kills it
+            wait_until(lambda: child.process.poll() is not None, 30, "the child was not killed")
+            assert child.process.returncode == -signal.SIGKILL
+        else:
+            time.sleep(0.5)
+            assert child.running
+    finally:
+        child.stop(5)
+
+
+def test_a_child_whose_parent_ended_before_it_armed_exits_at_once(tmp_path):
+    not_the_parent = str(os.getpid() + 1 if os.getpid() + 1 != os.getppid() else os.getpid() + 2)
+    command = [*python(ARMS), "--ready-file", str(tmp_path / "ready")]
+    done = subprocess.run(command, env={**os.environ, PARENT_DEATH_ENV: not_the_parent}, timeout=30)
+    assert done.returncode == 1 and not (tmp_path / "ready").exists()  # else it would serve

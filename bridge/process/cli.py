@@ -18,6 +18,7 @@ from nemo_gym_grpc.bridge.process.checks import check_exposure, check_limits, ch
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.bridge.process.workers import run_workers
 from nemo_gym_grpc.bridge.rpc.server import run
+from nemo_gym_grpc.shared.child import arm_parent_death
 from nemo_gym_grpc.shared.flags import (
     Flag,
     add_flags,
@@ -101,7 +102,9 @@ def setup_logging(level: str, form: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run `serve ...` (`argv`, default `sys.argv[1:]`) until SIGTERM/SIGINT. Returns the exit
     status: 0 done, 1 the bridge could not start or failed (one line on stderr); bad
-    arguments exit 2 (SystemExit)."""
+    arguments exit 2 (SystemExit). First arms the parent-death signal its starter asked for
+    (`arm_parent_death`: the Ray actor's bridge)."""
+    arm_parent_death()
     args = parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     config = BridgeConfig.from_args(args)

@@ -3,8 +3,8 @@
 `BridgeActor` runs `python -m nemo_gym_grpc.bridge serve` as a child process (a new process
 group) on `<node address>:<port>`, with `--workers` = the CPUs the actor holds (at least 1),
 `--exit-with-parent` and the caller's serve flags. A thread of the actor starts the child with
-the parent-death signal SIGKILL (Linux `prctl(PR_SET_PDEATHSIG)`, tied to that thread, which
-lives as long as the actor), waits on it and ends the actor process when the child exits, so
+the parent-death signal SIGKILL (`Child`'s `die_with_parent`: tied to that thread, which lives
+as long as the actor), waits on it and ends the actor process when the child exits, so
 the actor and its bridge live and die together and Ray's `max_restarts` restarts both. The
 child's output goes to the actor's stderr (Ray's worker log, rotated by Ray); a bridge that
 does not start fails the actor's creation with its last lines. Before
@@ -24,7 +24,6 @@ fleet grew or shrank then keep their new share of each server's queue.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -43,7 +42,6 @@ from nemo_gym_grpc.shared.child import Child, NotReady, bridge_command
 REREGISTER_SECONDS = 10.0
 STALE_SECONDS = 3 * REREGISTER_SECONDS
 OUTPUT_LINES = 40  # lines of the bridge's output kept for the message when it fails to start
-_PR_SET_PDEATHSIG = 1
 
 
 class Registry:
@@ -64,13 +62,6 @@ class Registry:
         """Every entry registered within STALE_SECONDS, by node id."""
         since = time.monotonic() - STALE_SECONDS
         return {node: entry for node, (at, entry) in self.entries.items() if at >= since}
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: SIGKILL this child when the thread that started it ends (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _is_bridge(pid: int) -> bool:
@@ -144,7 +135,7 @@ class BridgeActor:
                 self.command,
                 pipe=True,
                 own_session=True,
-                preexec_fn=_die_with_parent,
+                die_with_parent=True,
                 prefix="nemo_gym_grpc_bridge_actor_",
             )
         except OSError as exc:

@@ -12,11 +12,19 @@ grace, then SIGKILL; the folder is removed. Nothing is ever signalled by name.
 A folder outlives its owner only when the owner could not remove it (killed: SIGKILL, the OOM
 killer), as a trainer often is; the bridge then exits with it (`--exit-with-parent`), and the
 next `Child` with the same prefix removes the folder (`sweep`), which names both processes.
+
+A child started `die_with_parent` is SIGKILLed by the kernel when the thread that started it
+ends (Linux `prctl(PR_SET_PDEATHSIG)`; the Ray actor's bridge). The child arms that itself
+(`arm_parent_death`, the bridge's first step), told so by PARENT_DEATH_ENV: set in a
+`preexec_fn` instead, it made `subprocess` fork (not vfork) a process full of threads (a Ray
+worker) and run Python, and the fork handlers of gRPC, in the child before its exec, which
+Python's documentation warns can deadlock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import os
 import shutil
@@ -25,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -40,6 +48,25 @@ OWNERS_FILE = "owners"
 # A folder with no readable owners file (made by an older version, or being made right now) is
 # left alone until it is this many seconds old.
 UNOWNED_AGE = 3600.0
+# Set in the environment of a child started `die_with_parent`: its parent's PID
+# (`arm_parent_death`).
+PARENT_DEATH_ENV = "NEMO_GYM_GRPC_PARENT_DEATH"
+_PR_SET_PDEATHSIG = 1
+
+
+def arm_parent_death() -> None:
+    """In a child started `die_with_parent` (PARENT_DEATH_ENV set): have the kernel SIGKILL
+    this process when the thread that started it ends (Linux only; elsewhere nothing is
+    armed), and exit at once (status 1) when that parent already exited. The variable is
+    removed, so what this process starts does not inherit it. Without it: nothing."""
+    parent = os.environ.pop(PARENT_DEATH_ENV, None)
+    if parent is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != int(parent):  # it ended before the signal was armed
+        os._exit(1)
 
 
 def process_start(pid: int) -> float | None:
@@ -138,7 +165,8 @@ class Child:
         pipe: its output (stdout and stderr) to a pipe (`process.stdout`) the owner reads,
             instead of the log file.
         own_session: run it in a new session (process group), which `stop` signals whole.
-        preexec_fn: passed to `subprocess.Popen` (e.g. a parent-death signal).
+        die_with_parent: the kernel SIGKILLs it when the thread that started it ends; the
+            child must call `arm_parent_death` first (the module docstring).
         prefix: the private folder's name prefix.
 
     Raises:
@@ -158,7 +186,7 @@ class Child:
         cwd: str | None = None,
         pipe: bool = False,
         own_session: bool = False,
-        preexec_fn: Callable[[], None] | None = None,
+        die_with_parent: bool = False,
         prefix: str = "nemo_gym_grpc_child_",
     ) -> None:
         sweep(prefix)
@@ -168,6 +196,8 @@ class Child:
         self.command = [*command, "--ready-file", str(self.ready_file)]
         self.address = ""
         self._group = own_session
+        if die_with_parent:
+            env = {**(os.environ if env is None else env), PARENT_DEATH_ENV: str(os.getpid())}
         try:
             with open(self.log_path, "wb") as log:
                 self.process = subprocess.Popen(
@@ -178,7 +208,6 @@ class Child:
                     cwd=self.folder if cwd == "folder" else cwd,
                     env=env,
                     start_new_session=own_session,
-                    preexec_fn=preexec_fn,
                 )
         except OSError:
             shutil.rmtree(self.folder, ignore_errors=True)
