@@ -26,7 +26,7 @@ from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.nemo_gym import destinations, framing, http
 from nemo_gym_grpc.bridge.nemo_gym.head import AGENT, ENVIRONMENT
 from nemo_gym_grpc.bridge.process import descriptors, share
-from nemo_gym_grpc.bridge.process.allocator import return_large_frees
+from nemo_gym_grpc.bridge.process.allocator import collect_less, return_large_frees
 from nemo_gym_grpc.bridge.process.checks import check_exposure, check_limits, check_tls
 from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from nemo_gym_grpc.bridge.process.metrics import Metrics, start_metrics_server
@@ -381,9 +381,11 @@ async def _drain(bridge: Bridge, grace: float, background: list[asyncio.Task[Non
 def run(config: BridgeConfig) -> None:
     """Run `serve(config)` to completion on a new event loop: uvloop's where it is installed
     (measured here: fewer CPU microseconds per item than asyncio's default loop), else
-    asyncio's, with large freed blocks returned to the system (`allocator`) and the open-files
-    limit raised for its limits (`descriptors`). Raises what `serve` raises."""
+    asyncio's, with large freed blocks returned to the system and the cycle collector run less
+    often (`allocator`), and the open-files limit raised for its limits (`descriptors`). Raises
+    what `serve` raises."""
     return_large_frees()
+    collect_less()
     descriptors.raise_limit(config.max_in_flight + config.max_connections + 1024)
     try:
         import uvloop
