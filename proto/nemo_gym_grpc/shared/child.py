@@ -14,8 +14,10 @@ killer), as a trainer often is; the bridge then exits with it (`--exit-with-pare
 next `Child` with the same prefix removes the folder (`sweep`), which names both processes.
 
 A child started `die_with_parent` is SIGKILLed by the kernel when the thread that started it
-ends (Linux `prctl(PR_SET_PDEATHSIG)`; the Ray actor's bridge). The child arms that itself
-(`arm_parent_death`, the bridge's first step), told so by PARENT_DEATH_ENV: set in a
+ends (Linux `prctl(PR_SET_PDEATHSIG)`; the Ray actor's bridge, whose starting thread waits on
+it). The child arms that itself (`arm_parent_death`, the bridge's first step; the thread must
+not end before: the kernel ties the signal to the thread the child has as its parent when it
+arms), told so by PARENT_DEATH_ENV: set in a
 `preexec_fn` instead, it made `subprocess` fork (not vfork) a process full of threads (a Ray
 worker) and run Python, and the fork handlers of gRPC, in the child before its exec, which
 Python's documentation warns can deadlock.
