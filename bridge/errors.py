@@ -4,6 +4,13 @@ A failed item never becomes a reward: the bridge answers it with a `google.rpc.S
 `code` is a canonical gRPC code and whose single `google.rpc.ErrorInfo` detail carries an
 UPPER_SNAKE `reason` (`nemo_gym_grpc.shared.reasons`) and lowerCamel `metadata` (AIP-193).
 Clients match on `reason`.
+
+A raise of an exception a frame holds in a variable (`error = ...; raise error`, or a
+parameter) makes a reference cycle: the exception's traceback holds the frame, the frame the
+exception. Such a cycle, and the frames, bodies and connections it holds, waits for Python's
+cycle collector, which the bridge runs rarely (`process/allocator.py`): with servers killed
+under load the bridge's RSS rose 15% (the soak), a failed attempt leaving ~37 objects, frames
+included. So such a raise is followed by `del` of that variable in a `finally`.
 """
 
 from __future__ import annotations

@@ -170,12 +170,17 @@ class Attempts:
         """
         failure.metadata["attempts"] = str(self.number)
         retry = failure.retryable if may_retry is None else may_retry
-        if not retry or self.number >= self._policy.attempts:
-            raise failure
         delay = 0.0
-        if len(set(self.tried)) >= len(self._urls):
-            delay = self._policy.backoff(self.number)
-        if time.monotonic() + delay >= self._bound:
-            raise failure
+        if retry and self.number < self._policy.attempts:
+            if len(set(self.tried)) >= len(self._urls):
+                delay = self._policy.backoff(self.number)
+            retry = time.monotonic() + delay < self._bound
+        else:
+            retry = False
+        if not retry:
+            try:
+                raise failure
+            finally:
+                del failure  # errors.py: no reference cycle through this frame
         if delay:
             await asyncio.sleep(delay)

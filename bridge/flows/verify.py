@@ -282,7 +282,10 @@ class Verifier:
                     opened.status, base + path, opened.body, reasons.UPSTREAM_SESSION_FAILED
                 )
                 upstream.note_redirect(error, opened)
-                raise error
+                try:
+                    raise error
+                finally:
+                    del error  # errors.py: no reference cycle through this frame
             return sessions.cookie_header(opened.set_cookies, base + path)
         except errors.ItemError as exc:
             exc.reason = reasons.UPSTREAM_SESSION_FAILED

@@ -180,7 +180,10 @@ async def post(
         log.debug("%s: HTTP %d, %.3f s, request_id=%s", url, reply.status, reply.seconds, header)
         return reply
     error.latency_seconds = time.monotonic() - started
-    raise error
+    try:
+        raise error
+    finally:
+        del error  # errors.py: no reference cycle through this frame
 
 
 def _reply(got: plain_http.Response, started: float) -> Reply:

@@ -73,7 +73,8 @@ class Response:
 
 
 class _Connection(asyncio.Protocol):
-    """One TCP connection and the reply being read on it (httptools' callbacks)."""
+    """One TCP connection and the reply being read on it (httptools' callbacks). Its parser,
+    which holds it, lives only while it is connected (no cycle left behind: errors.py)."""
 
     def __init__(
         self,
@@ -87,7 +88,7 @@ class _Connection(asyncio.Protocol):
         self._max_body = max_body
         self._replies = replies
         self.reservation: Reservation | None = None
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = None
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[Response] | None = None
         self.closed, self.idle_since = False, 0.0
@@ -110,8 +111,11 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._parser = httptools.HttpResponseParser(self)
 
     def data_received(self, data: bytes) -> None:
+        if self._parser is None:  # not after connection_lost
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -125,6 +129,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.transport = None
+        self._parser = None
         waiter = self.waiter
         if waiter is None or waiter.done():
             return
@@ -162,6 +167,7 @@ class _Connection(asyncio.Protocol):
             self._kept[lowered.decode("latin-1")] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        assert self._parser is not None  # the parser calls this
         status = self._parser.get_status_code()
         self._headers_done = True
         if status < 200 or status in (204, 304):  # no body follows these
@@ -200,6 +206,7 @@ class _Connection(asyncio.Protocol):
         if 100 <= self._status < 200:  # an interim reply (103 Early Hints): the real one follows
             self._reset()
             return
+        assert self._parser is not None  # the parser calls this
         self._complete(self._parser.should_keep_alive())
 
     # the request side
@@ -362,17 +369,18 @@ class Client:
 
     async def _open(self, loop: asyncio.AbstractEventLoop, host: str, port: int) -> _Connection:
         """A connection to the first of `host`'s allowed addresses that takes one."""
-        failed: OSError = OSError(f"{host} has no address")
-        for address in await self._policy.addresses(host, port):
+        addresses = await self._policy.addresses(host, port)
+        for number, address in enumerate(addresses, 1):
             connection = _Connection(loop, self._keep, self._max_body, self._replies)
             try:
                 await loop.create_connection(lambda: connection, address, port)  # noqa: B023
-            except OSError as exc:
-                failed = exc
+            except OSError:
+                if number == len(addresses):
+                    raise  # the last address's error (unbound: no cycle, errors.py)
                 continue
             self.connections_made += 1
             return connection
-        raise failed
+        raise OSError(f"{host} has no address")
 
     def idle_connections(self) -> int:
         """Connections in the pool now, waiting for a request."""
