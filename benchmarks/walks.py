@@ -104,6 +104,8 @@ async def stand_in() -> tuple[Any, str]:
     1, ... so that a group has a spread); (its runner, its base URL)."""
     from aiohttp import web
 
+    from tests.support.web_app import serve_app
+
     count = 0
 
     async def verify(request: web.Request) -> web.Response:
@@ -120,12 +122,7 @@ async def stand_in() -> tuple[Any, str]:
 
     app = web.Application()
     app.add_routes([web.post("/verify", verify), web.post("/run", run)])
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve_app(app)
 
 
 def verify_walk(recorder: Recorder, target: str) -> dict[str, Any]:

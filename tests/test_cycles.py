@@ -20,6 +20,7 @@ from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.v1 import verify_pb2
 from tests.support.procs import closed_port
 from tests.support.verifiers import verifier_for
+from tests.support.web_app import serve_app
 
 ITEMS = 200
 
@@ -31,12 +32,7 @@ async def _stand_in(status: int) -> tuple[web.AppRunner, str]:
 
     app = web.Application()
     app.add_routes([web.post("/verify", verify)])
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve_app(app)
 
 
 def _item(number: int) -> verify_pb2.VerifyRequest:
