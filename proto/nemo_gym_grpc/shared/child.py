@@ -15,12 +15,12 @@ next `Child` with the same prefix removes the folder (`sweep`), which names both
 
 A child started `die_with_parent` is SIGKILLed by the kernel when the thread that started it
 ends (Linux `prctl(PR_SET_PDEATHSIG)`; the Ray actor's bridge, whose starting thread waits on
-it). The child arms that itself (`arm_parent_death`, the bridge's first step; the thread must
-not end before: the kernel ties the signal to the thread the child has as its parent when it
-arms), told so by PARENT_DEATH_ENV: set in a
-`preexec_fn` instead, it made `subprocess` fork (not vfork) a process full of threads (a Ray
-worker) and run Python, and the fork handlers of gRPC, in the child before its exec, which
-Python's documentation warns can deadlock.
+it). The child arms the signal itself, told to by PARENT_DEATH_ENV (`arm_parent_death`, the
+bridge's first step), so the thread must outlive that step: the kernel ties the signal to the
+thread that is the child's parent when it arms. Armed in a `preexec_fn` instead, it made
+`subprocess` fork (not vfork) a process full of threads (a Ray worker) and run Python, and
+gRPC's fork handlers, in the child before its exec, which Python's documentation warns can
+deadlock.
 """
 
 from __future__ import annotations
