@@ -7,8 +7,8 @@ import atexit
 import contextlib
 import os
 import random
-import signal
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -111,11 +111,20 @@ def free_ports(count: int) -> list[int]:
     raise NemoGymError(f"could not find {count} free loopback ports")
 
 
-def default_sigint_in_child() -> None:
-    """preexec_fn: the child gets the default SIGINT action (a shell's `cmd &` ignores it, and
-    Python keeps an inherited SIG_IGN, so ng_run would never see Ctrl-C) and SIGINT unblocked."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+# Sets SIGINT to its default action and unblocks it, then execs argv[1:] (both survive exec).
+_DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
+def with_default_sigint(command: list[str]) -> list[str]:
+    """`command` run with the default SIGINT action, unblocked (a shell's `cmd &` ignores it, and
+    Python keeps an inherited SIG_IGN, so ng_run would never see Ctrl-C). A launcher that execs
+    `command`, not a `preexec_fn`: that makes `subprocess` fork (not vfork) and run Python in the
+    child of a process with threads (gRPC's fork handlers among them; tests/test_descriptors.py)."""
+    return [sys.executable, "-c", _DEFAULT_SIGINT, *command]
 
 
 def tail(path: Path, lines: int = 60) -> str:

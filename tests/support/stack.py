@@ -220,14 +220,13 @@ class NemoGymServers:
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         started = time.monotonic()
         self._proc = subprocess.Popen(
-            command,
+            procs.with_default_sigint(command),
             cwd=self.workdir,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own session + process group, pgid == pid
-            preexec_fn=procs.default_sigint_in_child,
         )
         self.pid = self._proc.pid
         procs.live.add(self)
