@@ -135,10 +135,11 @@ bench: $(DEV)
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
 # `make soak`: the 10-minute chaos soak of tests/support/soak.py (real mcqa replicas killed and
-# restarted, the bridge restarted, cancels, bad items); writes benchmarks/results/soak.json and
-# soak.png and fails if a check fails. SOAK_SECONDS changes its length only: the checks stay the
-# 10-minute run's (200,000 items, 60 s warm-up), so a shorter run fails them. The 60 s variant,
-# with checks for its length, runs in `make test` (tests/test_soak.py).
+# restarted, the bridge restarted, cancels, bad items); writes benchmarks/results/soak.json,
+# soak.png and restarted_servers.log (the restarted servers' output) and fails if a check
+# fails. SOAK_SECONDS changes its length only: the checks stay the 10-minute run's (200,000
+# items, 60 s warm-up), so a shorter run fails them. The 60 s variant, with checks for its
+# length, runs in `make test` (tests/test_soak.py).
 SOAK_SECONDS ?= 600
 soak: $(DEV)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'

@@ -19,7 +19,7 @@ def test_a_60_s_chaos_soak_loses_nothing(nemo_gym_venv: Path, tmp_path: Path) ->
         cancel_fraction=0.1,  # 1% of the few streams of 60 s may be none
         min_items=1000,
     )
-    summary = run_soak(config)
+    summary = run_soak(config, tmp_path)
     (tmp_path / "soak.json").write_text(json.dumps(summary, indent=1))
     failed = [check for check, passed in summary["checks"].items() if not passed]
     assert not failed, soak_report.render(summary)

@@ -1,7 +1,7 @@
 """Endurance soak: items through the reward functions and raw VerifyStreams, under chaos.
 
     python -m tests.support.soak --duration 600 --out benchmarks/results   # `make soak`
-    summary = run_soak(SoakConfig(duration=60))                             # tests/test_soak.py
+    summary = run_soak(SoakConfig(duration=60), tmp_path)                   # tests/test_soak.py
 
 Everything is real: NeMo Gym's mcqa resources server (`ng_run`), the bridge process, gRPC over
 loopback, `create_nemo_gym_reward_fn`. While clients keep items flowing, a chaos driver
@@ -31,7 +31,6 @@ import json
 import logging
 import random
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -216,8 +215,9 @@ def _workers(
     return streams + rewards + slow
 
 
-def run_soak(config: SoakConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the soak; returns the summary (soak_report.summarize): counts, checks, series."""
+def run_soak(config: SoakConfig, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the soak; returns the summary (soak_report.summarize): counts, checks, series. The
+    restarted servers' log goes into the folder `out` (made if missing)."""
     replicas = {
         f"mcqa_{k}": {"resources_servers": {"mcqa": {}}} for k in range(2, config.replicas + 1)
     }
@@ -228,8 +228,8 @@ def run_soak(config: SoakConfig, log: Callable[[str], None] = print) -> dict[str
             args += ("--server", f"mcqa={server.url}")
         bridge = start_bridge(*args)
         port = int(bridge.target.rsplit(":", 1)[1])
-        log_dir = Path(tempfile.mkdtemp(prefix="nemo_gym_grpc_soak_"))
-        chaos = soak_chaos.Chaos(bridge, port, args, servers, log_dir / "restarted_servers.log")
+        out.mkdir(parents=True, exist_ok=True)
+        chaos = soak_chaos.Chaos(bridge, port, args, servers, out / "restarted_servers.log")
         chaos.bridge_starts.append(0.0)
         ledger = Ledger()
         stop = threading.Event()
@@ -283,8 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     config = SoakConfig(duration=args.duration)
     if args.min_items is not None:
         config.min_items = args.min_items
-    summary = run_soak(config)
-    args.out.mkdir(parents=True, exist_ok=True)
+    summary = run_soak(config, args.out)
     (args.out / "soak.json").write_text(json.dumps(summary, indent=1) + "\n")
     if args.plot:
         soak_report.plot(summary, args.out / "soak.png")
