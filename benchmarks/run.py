@@ -23,12 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import latency_step, procs, report, scenarios, server_cost
+from benchmarks import latency_step, procs, report, scale, scenarios, server_cost
 
 SCENARIOS = {
     1: ("1_mcqa", scenarios.real_mcqa),
     2: ("2_latency_bound", scenarios.latency_bound),
-    3: ("3_scale", scenarios.scale),
+    3: ("3_scale", scale.scenario),
     4: ("4_capacity", scenarios.capacity),
     5: ("5_added_latency", scenarios.added_latency),
     6: ("6_server_cost", server_cost.scenario),

@@ -1,10 +1,9 @@
-"""The five scenarios of issue 4. Each returns a JSON-ready dict with its per-round numbers
-and their medians; ratios are taken within a round (the paths run back to back), then the
-median over rounds is reported."""
+"""Scenarios 1, 2, 4 and 5 of issue 4 (3 is benchmarks/scale.py). Each returns a JSON-ready
+dict with its per-round numbers and their medians; ratios are taken within a round (the paths
+run back to back), then the median over rounds is reported."""
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -13,7 +12,6 @@ from pathlib import Path
 
 from benchmarks import clients, procs
 from benchmarks.clients import Item
-from nemo_gym_grpc.bridge.process.config import BridgeConfig
 from tests.support import BridgeProcess, NemoGymServers, start_bridge
 
 Log = Callable[[str], None]
@@ -51,7 +49,8 @@ def quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def _timed(fn: Callable[[], list]) -> tuple[float, list]:
+def timed(fn: Callable[[], list]) -> tuple[float, list]:
+    """(seconds `fn()` took, what it returned)."""
     started = time.perf_counter()
     out = fn()
     return time.perf_counter() - started, out
@@ -79,15 +78,15 @@ def _three_ways(
     clients.reward_fn(bridge.target, items[: s.concurrency])
     rounds = []
     for index in range(round_count):
-        seed_s, seed_out = _timed(lambda: clients.seed_loop(verify_url, items[:seed_items]))
+        seed_s, seed_out = timed(lambda: clients.seed_loop(verify_url, items[:seed_items]))
         if index % 2:
             cpu0 = procs.cpu_mark(bridge.pid).seconds
-            bridge_s, bridge_out = _timed(lambda: clients.reward_fn(bridge.target, items))
+            bridge_s, bridge_out = timed(lambda: clients.reward_fn(bridge.target, items))
             bridge_cpu = procs.cpu_mark(bridge.pid).seconds - cpu0
-        fan_s, fan_out = _timed(lambda: clients.fanout(verify_url, items, s.concurrency))
+        fan_s, fan_out = timed(lambda: clients.fanout(verify_url, items, s.concurrency))
         if not index % 2:
             cpu0 = procs.cpu_mark(bridge.pid).seconds
-            bridge_s, bridge_out = _timed(lambda: clients.reward_fn(bridge.target, items))
+            bridge_s, bridge_out = timed(lambda: clients.reward_fn(bridge.target, items))
             bridge_cpu = procs.cpu_mark(bridge.pid).seconds - cpu0
         row = {
             "seed_s": round(seed_s * len(items) / seed_items, 4),
@@ -172,77 +171,6 @@ def latency_bound(s: Settings, rows: list[dict], log: Log) -> dict:
             "median": _summary(rounds, len(items)),
         }
     return out
-
-
-def _downsample(timeline: list[tuple[float, int]], points: int = 200) -> list[list[float]]:
-    step = max(1, len(timeline) // points)
-    kept = timeline[::step] + ([timeline[-1]] if timeline else [])
-    return [[round(t, 4), n] for t, n in kept]
-
-
-def _scale_round(requests_: list, latency: float, profile: Path | None = None) -> dict:
-    """All of `requests_` at once, with a fresh upstream and a bridge with its defaults (its
-    adaptive limit finds the upstream's latency flat), over as many VerifyStreams as its
-    `--max-stream-items` (4,096) takes."""
-    streams = -(-len(requests_) // BridgeConfig().max_stream_items)
-    with procs.Upstream(latency) as up:
-        with start_bridge("--server", f"mcqa={up.url}", "--verify-timeout", "60") as bridge:
-            idle_rss = procs.peak_rss_mb(bridge.pid)
-            cpu0 = procs.cpu_mark(bridge.pid).seconds
-            with procs.profiled(bridge.pid, profile) if profile else contextlib.nullcontext():
-                run = clients.stream_run(bridge.target, requests_, streams=streams)
-            return {
-                "wall_s": round(run.wall, 4),
-                "first_result_s": round(run.first, 4),
-                "peak_rss_mb": round(procs.peak_rss_mb(bridge.pid), 1),
-                "idle_rss_mb": round(idle_rss, 1),
-                "bridge_cpu_s": round(procs.cpu_mark(bridge.pid).seconds - cpu0, 3),
-                "received": run.received,
-                "failed": run.failed,
-                "timeline": _downsample(run.timeline),
-            }
-
-
-def _scale_direct_s(items: list[Item], latency: float) -> float:
-    """Seconds for the direct aiohttp fan-out to POST all of `items` at once (concurrency =
-    len(items)) to a fresh upstream: the yardstick beside the bridge's time."""
-    with procs.Upstream(latency) as up:
-        seconds, _ = _timed(lambda: clients.fanout(f"{up.url}/verify", items, len(items)))
-    return round(seconds, 4)
-
-
-def scale(s: Settings, rows: list[dict], log: Log) -> dict:
-    """Scenario 3: `scale_items` items in flight at once on VerifyStreams against an
-    upstream with `scale_latency` s latency, and in every round (the order swapped each round)
-    the direct aiohttp fan-out of the same items; a fresh upstream (and bridge) per run."""
-    items = clients.make_items(rows, s.scale_items, scripted=True)
-    requests_ = clients.grpc_requests(items, "scale")
-    log(f"scenario 3: {len(items)} items in flight, upstream latency {s.scale_latency} s")
-    rounds = []
-    for index in range(s.rounds):
-        if index % 2:
-            direct_s = _scale_direct_s(items, s.scale_latency)
-            row = _scale_round(requests_, s.scale_latency)
-        else:
-            row = _scale_round(requests_, s.scale_latency)
-            direct_s = _scale_direct_s(items, s.scale_latency)
-        row["direct_wall_s"] = direct_s
-        log(
-            f"  round {index + 1}: done in {row['wall_s']:.2f} s (direct fan-out "
-            f"{direct_s:.2f} s), first result {row['first_result_s']:.2f} s, peak RSS "
-            f"{row['peak_rss_mb']:.0f} MiB, bridge CPU {row['bridge_cpu_s']:.2f} s, "
-            f"{row['failed']} failed"
-        )
-        rounds.append(row)
-    if s.profile_dir:
-        _scale_round(requests_, s.scale_latency, s.profile_dir / "profile_scale.txt")
-    keys = ("wall_s", "direct_wall_s", "first_result_s", "peak_rss_mb", "bridge_cpu_s")
-    return {
-        "items": len(items),
-        "upstream_latency_s": s.scale_latency,
-        "rounds": rounds,
-        "median": {key: median([r[key] for r in rounds]) for key in keys},
-    }
 
 
 def _capacity_round(
