@@ -191,6 +191,20 @@ def test_a_cold_servers_first_answers_are_re_measured_at_the_first_queue():
     assert QUEUE_LOW <= limit.size <= QUEUE_HIGH + 2, limit.size
 
 
+def test_one_slow_answer_among_many_that_met_no_queue_is_no_reason_to_re_measure():
+    # the tail of a burst of thousands on a busy machine: one answer slow, the rest not.
+    # A re-measurement begun on it would be waited out by the next burst, one call at a time.
+    limit = Limit(16384)
+    Clock.now = 0.0
+    run(limit, lambda load: 1.0, 20000)  # latency flat: the ceiling, re-measured never
+    limit.sample(1.0, 1, Clock.now)  # a no-load call; then 6 s of answers at load
+    sizes = [limit.sample(1.0 + 0.01 * (k % 3), 16384, Clock.now + 0.001 * k) for k in range(6000)]
+    assert min(sizes) == 16384
+    assert limit.sample(1.66, 6812, Clock.now + 6.1) == 1  # a queue, long since a no-load call
+    assert limit.sample(1.02, 6000, Clock.now + 6.2) == 16384  # sent before it: no queue
+    assert limit.sample(1.60, 50, Clock.now + 6.3) == 16384  # and the clock began anew
+
+
 def test_latency_noise_at_thousands_in_flight_is_not_read_as_far_past_the_knee():
     limit = Limit(16384)
     run(limit, lambda load: 0.5, 20000)  # latency flat: the ceiling
