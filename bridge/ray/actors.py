@@ -10,7 +10,8 @@ child's output goes to the actor's stderr (Ray's worker log, rotated by Ray); a 
 does not start fails the actor's creation with its last lines. Before
 it starts a child, an actor SIGKILLs the process group of the bridge an earlier incarnation
 left on its node and port (its pid file is under the system temp folder; a `--workers` bridge's
-workers outlive a SIGKILLed parent by up to a second), so the port is free again.
+workers outlive a SIGKILLed parent by up to a second), so the port is free again, and removes
+the pid files there of bridges that no longer run (`sweep_pidfiles`).
 
 `Registry` holds {node id: the bridge's entry} (`BridgeActor.entry`); every bridge writes its
 entry when it serves and again every REREGISTER_SECONDS, so a restarted registry is whole
@@ -71,6 +72,21 @@ def _is_bridge(pid: int) -> bool:
         return False
 
 
+def sweep_pidfiles(folder: Path) -> None:
+    """Remove the actors' pid files in `folder` (and their share files) whose process is no
+    bridge any more. An actor ended with its cluster, not by `stop`, leaves its pair behind,
+    one per node id and port, and no later cluster's node has that id; a file whose process is
+    a bridge stays (another node's on this host, or the one `_take_over` kills)."""
+    for pidfile in folder.glob("nemo_gym_grpc-*.pid"):
+        try:
+            pid = int(pidfile.read_text())
+        except (OSError, ValueError):
+            continue  # gone, or being written
+        if not _is_bridge(pid):
+            for path in (pidfile, pidfile.with_suffix(".share")):
+                path.unlink(missing_ok=True)
+
+
 class BridgeActor:
     """One node's bridge (module docstring). Raises RuntimeError from __init__ when the bridge
     does not serve within `startup_timeout` s or exits first (its output quoted).
@@ -108,6 +124,7 @@ class BridgeActor:
         self._started = threading.Event()
         self._decided = threading.Event()  # set once it served, or failed to
         self._take_over()
+        sweep_pidfiles(self.pidfile.parent)
         threading.Thread(target=self._supervise, name="bridge-child", daemon=True).start()
         self._started.wait()
         if self.child is None:
