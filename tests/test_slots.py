@@ -95,7 +95,10 @@ async def test_waits_that_end_together_share_one_timer() -> None:
     async with slots.use():
         timers, started = len(loop._scheduled), loop.time()  # type: ignore[attr-defined]
         waiters = [asyncio.ensure_future(_hold(slots, 0.1)) for _ in range(500)]
-        await asyncio.sleep(0.01)
+        # one pass of the loop: every waiter has begun its wait and no timer has fired, however
+        # long the pass took (a timer due during it fires in a later pass; with a sleep of 10 ms
+        # here, a stall of 0.1 s on a busy machine let some waits end first: a CI run)
+        await asyncio.sleep(0)
         assert slots.waiting == 500
         added = len(loop._scheduled) - timers  # type: ignore[attr-defined]
         steps = (loop.time() - started) / EXPIRY_GRID  # the grid steps their waits began over
