@@ -170,14 +170,11 @@ class Attempts:
         """
         failure.metadata["attempts"] = str(self.number)
         retry = failure.retryable if may_retry is None else may_retry
+        final = not retry or self.number >= self._policy.attempts
         delay = 0.0
-        if retry and self.number < self._policy.attempts:
-            if len(set(self.tried)) >= len(self._urls):
-                delay = self._policy.backoff(self.number)
-            retry = time.monotonic() + delay < self._bound
-        else:
-            retry = False
-        if not retry:
+        if not final and len(set(self.tried)) >= len(self._urls):
+            delay = self._policy.backoff(self.number)
+        if final or time.monotonic() + delay >= self._bound:
             try:
                 raise failure
             finally:

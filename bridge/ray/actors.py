@@ -43,6 +43,8 @@ from nemo_gym_grpc.shared.child import Child, NotReady, bridge_command
 REREGISTER_SECONDS = 10.0
 STALE_SECONDS = 3 * REREGISTER_SECONDS
 OUTPUT_LINES = 40  # lines of the bridge's output kept for the message when it fails to start
+# An actor's pid file in the system temp folder, by node id and port (its share file: ".share").
+PIDFILE = "nemo_gym_grpc-{node}-{port}.pid"
 
 
 class Registry:
@@ -77,7 +79,7 @@ def sweep_pidfiles(folder: Path) -> None:
     bridge any more. An actor ended with its cluster, not by `stop`, leaves its pair behind,
     one per node id and port, and no later cluster's node has that id; a file whose process is
     a bridge stays (another node's on this host, or the one `_take_over` kills)."""
-    for pidfile in folder.glob("nemo_gym_grpc-*.pid"):
+    for pidfile in folder.glob(PIDFILE.format(node="*", port="*")):
         try:
             pid = int(pidfile.read_text())
         except (OSError, ValueError):
@@ -108,7 +110,9 @@ class BridgeActor:
         self.target = f"{self.address}:{port}"
         self.registry = (registry, namespace)
         self.restarted = context.was_current_actor_reconstructed
-        self.pidfile = Path(tempfile.gettempdir()) / f"nemo_gym_grpc-{self.node_id[:16]}-{port}.pid"
+        self.pidfile = Path(tempfile.gettempdir()) / PIDFILE.format(
+            node=self.node_id[:16], port=port
+        )
         self.sharefile = self.pidfile.with_suffix(".share") if follow_share else None
         self.share: int | None = None  # the number last written into it
         self._share_lock = threading.Lock()  # __init__ and the supervising thread write it
