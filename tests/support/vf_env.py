@@ -12,6 +12,7 @@ OpenAI-compatible base URL (the scripted policy's).
 from __future__ import annotations
 
 import asyncio
+import glob
 import multiprocessing
 import os
 import signal
@@ -26,6 +27,9 @@ from tests.support.venv import resources_server_dir
 TASKSET_ID = "nemo-gym-grpc-verifiers"
 SPAWN = multiprocessing.get_context("spawn")
 STARTUP_TIMEOUT = 120.0  # seconds for the env server process to report its address
+# The port file verifiers 0.4 writes for every tool server it launches and never removes
+# (verifiers/v1/mcp/launch.py, `serve_in_runtime`: always in /tmp).
+PORT_FILES = "/tmp/vf-port-*"
 
 
 class Served:
@@ -43,15 +47,19 @@ class Served:
         config = resolve_env_config({"taskset": taskset, "agent": agent})
         self.data = [t.data.model_dump(mode="json") for t in load_taskset(config.taskset).load()]
         queue = SPAWN.Queue()
+        self._port_files = set(glob.glob(PORT_FILES))  # the ones before this server's
         self.process = SPAWN.Process(target=vf_harness.serve, args=(env_config_data(config), queue))
         self.process.start()
         self.address: str = queue.get(timeout=STARTUP_TIMEOUT)
 
     def kill(self) -> None:
-        """SIGKILL, by PID (a trainer's env server that dies)."""
+        """SIGKILL, by PID (a trainer's env server that dies); then the tool servers' port files
+        written since it started are removed."""
         if self.process.pid is not None and self.process.is_alive():
             os.kill(self.process.pid, signal.SIGKILL)
         self.process.join(timeout=30)
+        for path in set(glob.glob(PORT_FILES)) - self._port_files:
+            Path(path).unlink(missing_ok=True)
 
     def stop(self) -> None:
         """SIGTERM (verifiers' graceful teardown), then SIGKILL if it is still alive."""
