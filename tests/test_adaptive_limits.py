@@ -205,6 +205,20 @@ def test_one_slow_answer_among_many_that_met_no_queue_is_no_reason_to_re_measure
     assert limit.sample(1.60, 50, Clock.now + 6.3) == 16384  # and the clock began anew
 
 
+def test_a_first_re_measurement_is_called_off_only_by_as_much_load_without_a_queue():
+    # a bridge's first burst at a server whose latency is flat (never re-measured): one slow
+    # answer at its tail begins the first re-measurement at once, which an answer sent with
+    # fewer calls in flight does not call off (the no-load latency may still be a cold
+    # server's) and one sent with as many does
+    limit = Limit(16384)
+    Clock.now = 0.0
+    run(limit, lambda load: 1.0, 20000)
+    assert limit.size == 16384
+    assert limit.sample(2.5, 6812, Clock.now + 0.1) == 1
+    assert limit.sample(1.02, 6000, Clock.now + 0.2) == 1
+    assert limit.sample(1.02, 6812, Clock.now + 0.3) == 16384
+
+
 def test_latency_noise_at_thousands_in_flight_is_not_read_as_far_past_the_knee():
     limit = Limit(16384)
     run(limit, lambda load: 0.5, 20000)  # latency flat: the ceiling

@@ -68,12 +68,14 @@ given the no-load latency, which is what needs care:
   trips bound what it costs a slow server whose latency grows with load (an LLM judge), which
   a re-measurement has answer one call at a time for a few of its round trips: re-measured
   every 3 s, one of 1 s took 3,389 s for 20,000 calls (modelled), every 60 round trips
-  1,885 s. Envoy re-measures every 60 s. A re-measurement begun by a queue that held (not the
-  first one) is called off, its limit as before, when a call sent before it with QUEUE_LOW or
-  more in flight answers within the tolerance: the tail of a burst of thousands on a busy
-  machine has a few slow answers among many that met no queue, and a re-measurement begun on
-  one was waited out by the next burst, one call at a time (16,384 calls at 1 s: 5.6-6.6 s
-  instead of 2.5 s, one run in four).
+  1,885 s. Envoy re-measures every 60 s. A re-measurement is called off, its limit as before,
+  when a call sent before it with QUEUE_LOW or more in flight answers within the tolerance:
+  the tail of a burst of thousands on a busy machine has a few slow answers among many that
+  met no queue, and a re-measurement begun on one was waited out by the next burst, one call
+  at a time (16,384 calls at 1 s: 5.6-6.6 s instead of 2.5 s, one run in four). The first
+  one only by a call sent with at least as many in flight as the one that began it: until
+  then the no-load latency may be a cold server's, which a queue shorter than the one seen
+  meets within the tolerance.
 """
 
 from __future__ import annotations
@@ -135,8 +137,9 @@ class Limit:
         self._low: list[float] = []  # a re-measurement's no-load latencies
         self._last_low = self._last_sample = 0.0
         self._calibrating = False
-        # a re-measurement an answer that met no queue may call off: the limit it had then
-        self._recheck: float | None = None
+        # a re-measurement an answer that met no queue may call off: the limit it had then,
+        # and the least load at which that answer was sent
+        self._recheck = (self._limit, math.inf)
         self._measured = False  # no re-measurement yet: the no-load latency is a first guess
         self.no_load = self._fastest = math.inf  # and the lowest it has been
         self.size = int(self._limit)
@@ -173,7 +176,7 @@ class Limit:
         if queued > low and not noise and (first or stale):
             self._set(min(limit, at_low))  # what the re-measurement ends with
             self._calibrating = True
-            self._recheck = None if first else limit
+            self._recheck = (limit, max(QUEUE_LOW, load) if first else QUEUE_LOW)
             self._low.clear()
             self.size = min(LOW_LOAD, self.size)
             return self.size
@@ -203,10 +206,10 @@ class Limit:
         CALIBRATION_SAMPLES of them the no-load latency is theirs and the limit is back."""
         if load <= LOW_LOAD:
             self._low.append(rtt)
-        elif self._recheck is not None and not self._low and load >= QUEUE_LOW:
+        elif not self._low and load >= self._recheck[1]:
             if rtt < TOLERANCE * self.no_load:  # sent before it, at load, and met no queue
                 self._calibrating, self._last_low = False, now
-                return self._set(self._recheck)
+                return self._set(self._recheck[0])
         if len(self._low) >= CALIBRATION_SAMPLES:
             self.no_load = min(self._low)
             self._fastest = min(self._fastest, self.no_load)
