@@ -158,7 +158,10 @@ class FileScorer:
         for task in started:
             error = task.exception() if task.done() else None
             if error is not None:
-                raise error
+                try:
+                    raise error
+                finally:
+                    del error  # bridge/errors.py: no reference cycle through this frame
         while started and started[0].done():
             records = started.popleft().result()
             out.write(b"".join(scorefile.dumps(r) for r in records))
