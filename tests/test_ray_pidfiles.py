@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("ray")  # the `ray` extra (`make dev` installs it)
 
-from nemo_gym_grpc.bridge.ray.actors import sweep_pidfiles
+from nemo_gym_grpc.bridge.ray.actors import PIDFILE, SHARE_SUFFIX, sweep_pidfiles
 
 
 @pytest.fixture
@@ -33,9 +33,10 @@ def processes() -> Iterator[dict[str, int]]:
 
 def test_only_the_files_of_running_bridges_stay(tmp_path: Path, processes: dict[str, int]) -> None:
     for name, pid in processes.items():
-        (tmp_path / f"nemo_gym_grpc-{name}-50051.pid").write_text(str(pid))
-        (tmp_path / f"nemo_gym_grpc-{name}-50051.share").write_text("2\n")
-    (tmp_path / "nemo_gym_grpc-empty-50051.pid").write_text("")  # being written
+        pidfile = tmp_path / PIDFILE.format(node=name, port=50051)
+        pidfile.write_text(str(pid))
+        pidfile.with_suffix(SHARE_SUFFIX).write_text("2\n")
+    (tmp_path / PIDFILE.format(node="empty", port=50051)).write_text("")  # being written
     (tmp_path / "unrelated.pid").write_text(str(processes["gone"]))
     sweep_pidfiles(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [

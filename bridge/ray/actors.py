@@ -43,8 +43,10 @@ from nemo_gym_grpc.shared.child import Child, NotReady, bridge_command
 REREGISTER_SECONDS = 10.0
 STALE_SECONDS = 3 * REREGISTER_SECONDS
 OUTPUT_LINES = 40  # lines of the bridge's output kept for the message when it fails to start
-# An actor's pid file in the system temp folder, by node id and port (its share file: ".share").
+# An actor's pid file in the system temp folder, by node id and port, and the suffix of its
+# share file beside it.
 PIDFILE = "nemo_gym_grpc-{node}-{port}.pid"
+SHARE_SUFFIX = ".share"
 
 
 class Registry:
@@ -85,7 +87,7 @@ def sweep_pidfiles(folder: Path) -> None:
         except (OSError, ValueError):
             continue  # gone, or being written
         if not _is_bridge(pid):
-            for path in (pidfile, pidfile.with_suffix(".share")):
+            for path in (pidfile, pidfile.with_suffix(SHARE_SUFFIX)):
                 path.unlink(missing_ok=True)
 
 
@@ -113,7 +115,7 @@ class BridgeActor:
         self.pidfile = Path(tempfile.gettempdir()) / PIDFILE.format(
             node=self.node_id[:16], port=port
         )
-        self.sharefile = self.pidfile.with_suffix(".share") if follow_share else None
+        self.sharefile = self.pidfile.with_suffix(SHARE_SUFFIX) if follow_share else None
         self.share: int | None = None  # the number last written into it
         self._share_lock = threading.Lock()  # __init__ and the supervising thread write it
         own = ["--listen", self.target, "--workers", str(workers), "--exit-with-parent"]

@@ -28,7 +28,8 @@ TASKSET_ID = "nemo-gym-grpc-verifiers"
 SPAWN = multiprocessing.get_context("spawn")
 STARTUP_TIMEOUT = 120.0  # seconds for the env server process to report its address
 # The port file verifiers 0.4 writes for every tool server it launches and never removes
-# (verifiers/v1/mcp/launch.py, `serve_in_runtime`: always in /tmp).
+# (verifiers/v1/mcp/launch.py, `serve_in_runtime`). Its path is verifiers' own literal, not
+# the system temp folder: TMPDIR does not move it, so neither may this pattern.
 PORT_FILES = "/tmp/vf-port-*"
 
 
