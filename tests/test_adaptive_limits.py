@@ -26,7 +26,14 @@ import pytest
 from prometheus_client import generate_latest
 
 from nemo_gym_grpc.bridge.flows.balancer import Balancer, Replica
-from nemo_gym_grpc.bridge.flows.limits import GROWTH, INITIAL_LIMIT, QUEUE_HIGH, QUEUE_LOW, Limit
+from nemo_gym_grpc.bridge.flows.limits import (
+    CALIBRATION_SAMPLES,
+    GROWTH,
+    INITIAL_LIMIT,
+    QUEUE_HIGH,
+    QUEUE_LOW,
+    Limit,
+)
 from nemo_gym_grpc.bridge.flows.upstreams import Upstreams
 from nemo_gym_grpc.bridge.nemo_gym.replies import ReplyBudget
 from nemo_gym_grpc.v1 import verify_pb2
@@ -84,10 +91,10 @@ def test_a_cpu_bound_server_keeps_a_small_standing_queue():
     limit = Limit(CEILING)
     sizes = run(limit, lambda load: 0.002 * load, 5000)  # one call at a time, 2 ms each
     late = sizes[-2000:]  # about 5 s
-    calibrating = late.count(1)  # re-measuring the no-load latency: a few calls at most
-    assert calibrating < len(late) / 20, calibrating
+    steady = [size for size in late if size >= CALIBRATION_SAMPLES]  # not re-measuring
+    assert len(late) - len(steady) < len(late) / 20, late  # re-measuring: a few calls at most
     # `load` calls in flight queue load - 1 of them: the limit is a queue of LOW..HIGH plus one
-    assert all(QUEUE_LOW <= size <= QUEUE_HIGH + 2 for size in late if size != 1), late[-20:]
+    assert all(QUEUE_LOW <= size <= QUEUE_HIGH + 2 for size in steady), late[-20:]
     assert abs(limit.no_load - 0.002) < 1e-9
 
 
@@ -161,7 +168,8 @@ def test_a_slow_server_whose_latency_grows_with_load_is_rarely_re_measured():
     limit = Limit(CEILING)
     Clock.now = 0.0
     late = run(limit, lambda load: 1.0 + 0.05 * load, 20000)[-10000:]
-    assert late.count(1) < len(late) / 100, late.count(1)
+    calibrating = [size for size in late if size < CALIBRATION_SAMPLES]
+    assert len(calibrating) < len(late) / 100, len(calibrating)
 
 
 def test_a_cold_first_answer_does_not_space_out_the_re_measurements():
@@ -170,11 +178,13 @@ def test_a_cold_first_answer_does_not_space_out_the_re_measurements():
     limit = Limit(CEILING)
     limit.sample(0.200, 1, 0.0)
     now = 0.0
-    while limit.no_load > 0.002:  # a queue, then the re-measurement's calls one at a time
+    while limit.no_load > 0.002 and now < 60.0:  # a queue, then the re-measurement's calls
         now += 0.01
-        limit.sample(0.500 if limit.size > 1 else 0.002, 30 if limit.size > 1 else 1, now)
+        calibrating = limit.size < CALIBRATION_SAMPLES
+        limit.sample(0.002 if calibrating else 0.500, 1 if calibrating else 30, now)
     measured = now
-    while limit.size > 1 and now < measured + 10.0:  # a queue of 24 calls at 2 ms each
+    # a queue of 24 calls at 2 ms each
+    while limit.size >= CALIBRATION_SAMPLES and now < measured + 10.0:
         now += 0.01
         limit.sample(0.050, 25, now)
     assert now - measured < 3.5, now - measured
@@ -189,6 +199,18 @@ def test_a_cold_servers_first_answers_are_re_measured_at_the_first_queue():
         run(limit, lambda load: 0.002 * load, 1, ramp=False)
     assert abs(limit.no_load - 0.002) < 1e-9
     assert QUEUE_LOW <= limit.size <= QUEUE_HIGH + 2, limit.size
+
+
+def test_a_re_measurement_sends_one_call_alone_then_the_others_together():
+    # two round trips of a slow server, not three: the call alone is the no-load latency even
+    # at a server that serves one call at a time; the others can only find it lower
+    limit = Limit(CEILING)
+    limit.sample(0.002, 1, 0.0)
+    assert limit.sample(0.100, 30, 0.01) == 1  # the first queue: re-measured at once
+    assert limit.sample(0.004, 2, 0.02) == 1  # sent with another in flight: not alone
+    assert limit.sample(0.003, 1, 0.03) == CALIBRATION_SAMPLES - 1 == 2
+    assert limit.sample(0.006, 2, 0.04) == 2
+    assert limit.sample(0.005, 2, 0.04) >= QUEUE_LOW and limit.no_load == 0.003
 
 
 def test_one_slow_answer_among_many_that_met_no_queue_is_no_reason_to_re_measure():

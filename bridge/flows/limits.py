@@ -55,7 +55,8 @@ given the no-load latency, which is what needs care:
   connections idle for 5 s, so the next calls connect anew), and a no-load latency raised by
   them would make a queue look like none and the limit double past the knee;
 - a re-measurement, as Envoy's adaptive concurrency filter does: the replica's slots drop to
-  LOW_LOAD until CALIBRATION_SAMPLES calls met no queue, and the no-load latency is theirs; the
+  LOW_LOAD until one call met no queue, then to CALIBRATION_SAMPLES - 1 until as many more sent
+  with no more in flight have answered, and the no-load latency is the least of theirs; the
   limit it ends with is where the queue that started it would have been QUEUE_LOW. It starts
   when a queue over the low mark (beyond the tolerance) has held for CALIBRATE_AFTER seconds
   (after the first re-measurement: or CALIBRATE_TRIPS times the lowest no-load latency yet, if
@@ -64,9 +65,16 @@ given the no-load latency, which is what needs care:
   answers restarting that clock; and at once at the first queue with a latency over twice the
   no-load one, since until then the no-load latency is a cold server's first answers (its
   first request, new connections), often ten times the real one. Unlike Envoy's, it never runs
-  on a server whose latency does not grow with load, whose flow it would stall. The round
+  on a server whose latency does not grow with load, whose flow it would stall. The first
+  call alone is the no-load latency even at a server that serves one call at a time; the
+  others (which may each wait for the other there, but may also be faster) go out together, so
+  a re-measurement takes two round trips once the calls before it are answered (all one at a
+  time, as it did first, it took three: the next batch of 16,384 calls at 1 s waited 3 s for
+  it). Envoy holds its re-measurement at 3 calls at once throughout, which at such a server
+  reads a no-load latency up to 3 times the real one, and with several bridges in front of
+  it, their 3 each. The round
   trips bound what it costs a slow server whose latency grows with load (an LLM judge), which
-  a re-measurement has answer one call at a time for a few of its round trips: re-measured
+  a re-measurement has answer one or two calls at a time for a few of its round trips: re-measured
   every 3 s, one of 1 s took 3,389 s for 20,000 calls (modelled), every 60 round trips
   1,885 s. Envoy re-measures every 60 s. A re-measurement is called off, its limit as before,
   when a call sent before it with QUEUE_LOW or more in flight answers within the tolerance:
@@ -110,7 +118,8 @@ class Limit:
             1/share of the standing queue (the module docstring).
 
     Attributes:
-        size: the slots now, calls: `limit`, or LOW_LOAD while re-measuring.
+        size: the slots now, calls: `limit`, or at most CALIBRATION_SAMPLES - 1 while
+            re-measuring.
         no_load: the no-load latency now, seconds (inf before the first sample).
         share: `share` above; may be changed at any time (a fleet that grew).
     """
@@ -202,10 +211,12 @@ class Limit:
         return self.size
 
     def _calibrate(self, rtt: float, load: int, now: float) -> int:
-        """A sample while re-measuring: only calls that met no queue count; after
-        CALIBRATION_SAMPLES of them the no-load latency is theirs and the limit is back."""
-        if load <= LOW_LOAD:
+        """A sample while re-measuring: first a call sent alone, then calls sent with at most
+        CALIBRATION_SAMPLES - 1 in flight; after CALIBRATION_SAMPLES the no-load latency is the
+        least of theirs and the limit is back."""
+        if load <= (LOW_LOAD if not self._low else CALIBRATION_SAMPLES - 1):
             self._low.append(rtt)
+            self.size = min(CALIBRATION_SAMPLES - 1, self._ceiling)  # the others together
         elif not self._low and load >= self._recheck[1]:
             if rtt < TOLERANCE * self.no_load:  # sent before it, at load, and met no queue
                 self._calibrating, self._last_low = False, now
