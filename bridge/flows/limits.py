@@ -67,16 +67,16 @@ given the no-load latency, which is what needs care:
   first request, new connections), often ten times the real one. Unlike Envoy's, it never runs
   on a server whose latency does not grow with load, whose flow it would stall. The first
   call alone is the no-load latency even at a server that serves one call at a time; the
-  others (which may each wait for the other there, but may also be faster) go out together, so
-  a re-measurement takes two round trips once the calls before it are answered (all one at a
-  time, as it did first, it took three: the next batch of 16,384 calls at 1 s waited 3 s for
-  it). Envoy holds its re-measurement at 3 calls at once throughout, which at such a server
-  reads a no-load latency up to 3 times the real one, and with several bridges in front of
-  it, their 3 each. The round
-  trips bound what it costs a slow server whose latency grows with load (an LLM judge), which
-  a re-measurement has answer one or two calls at a time for a few of its round trips: re-measured
-  every 3 s, one of 1 s took 3,389 s for 20,000 calls (modelled), every 60 round trips
-  1,885 s. Envoy re-measures every 60 s. A re-measurement is called off, its limit as before,
+  other two (each of which may wait for the other there, or be faster) go out together, so a
+  re-measurement takes two round trips once the calls before it are answered (one call at a
+  time, as it did first, three: the next batch of 16,384 calls at 1 s waited 3 s for it).
+  Envoy re-measures with 3 calls at once throughout, which at such a server reads a no-load
+  latency up to 3 times the real one, and several bridges in front of it each add their 3
+  to its queue. The round trips bound what it costs a slow server whose latency grows with
+  load (an LLM judge), which a re-measurement holds to one or two calls for two of its round
+  trips: re-measured every 3 s, one of 1 s took 3,389 s for 20,000 calls (modelled, one call
+  at a time), every 60 round trips 1,885 s (1,856 s with the last two calls together).
+  Envoy re-measures every 60 s. A re-measurement is called off, its limit as before,
   when a call sent before it with QUEUE_LOW or more in flight answers within the tolerance:
   the tail of a burst of thousands on a busy machine has a few slow answers among many that
   met no queue, and a re-measurement begun on one was waited out by the next burst, one call
