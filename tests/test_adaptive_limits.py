@@ -213,6 +213,13 @@ def test_a_re_measurement_sends_one_call_alone_then_the_others_together():
     assert limit.sample(0.005, 2, 0.04) >= QUEUE_LOW and limit.no_load == 0.003
 
 
+def test_a_re_measurement_sends_no_more_calls_than_the_limit_it_ends_with():
+    limit = Limit(CEILING, share=8)  # its share of the queue: 1.5 calls
+    limit.sample(0.002, 1, 0.0)
+    assert limit.sample(1.0, 13, 0.01) == 1  # re-measured; it ends at 13 x 2 ms / 1 s + 1.5
+    assert limit.sample(0.003, 1, 0.02) == 1  # so the other two go one at a time
+
+
 def test_one_slow_answer_among_many_that_met_no_queue_is_no_reason_to_re_measure():
     # the tail of a burst of thousands on a busy machine: one answer slow, the rest not.
     # A re-measurement begun on it would be waited out by the next burst, one call at a time.

@@ -55,9 +55,10 @@ given the no-load latency, which is what needs care:
   connections idle for 5 s, so the next calls connect anew), and a no-load latency raised by
   them would make a queue look like none and the limit double past the knee;
 - a re-measurement, as Envoy's adaptive concurrency filter does: the replica's slots drop to
-  LOW_LOAD until one call met no queue, then to CALIBRATION_SAMPLES - 1 until as many more sent
-  with no more in flight have answered, and the no-load latency is the least of theirs; the
-  limit it ends with is where the queue that started it would have been QUEUE_LOW. It starts
+  LOW_LOAD until one call met no queue, then to CALIBRATION_SAMPLES - 1 (no more than the
+  limit it ends with) until as many more sent with no more in flight have answered, and the
+  no-load latency is the least of theirs; the limit it ends with is where the queue that
+  started it would have been QUEUE_LOW. It starts
   when a queue over the low mark (beyond the tolerance) has held for CALIBRATE_AFTER seconds
   (after the first re-measurement: or CALIBRATE_TRIPS times the lowest no-load latency yet, if
   longer; the current one may be raised by other bridges' load on the server) without a
@@ -216,7 +217,8 @@ class Limit:
         least of theirs and the limit is back."""
         if load <= (LOW_LOAD if not self._low else CALIBRATION_SAMPLES - 1):
             self._low.append(rtt)
-            self.size = min(CALIBRATION_SAMPLES - 1, self._ceiling)  # the others together
+            # the others together, if the limit it ends with allows them
+            self.size = min(CALIBRATION_SAMPLES - 1, int(self._limit))
         elif not self._low and load >= self._recheck[1]:
             if rtt < TOLERANCE * self.no_load:  # sent before it, at load, and met no queue
                 self._calibrating, self._last_low = False, now
