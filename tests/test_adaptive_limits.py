@@ -50,6 +50,12 @@ class Clock:
     now = 0.0
 
 
+def re_measuring(size: int) -> bool:
+    """Whether a limit of `size` slots is re-measuring (`Limit.size`: then at most
+    CALIBRATION_SAMPLES - 1)."""
+    return size < CALIBRATION_SAMPLES
+
+
 def run(limit: Limit, latency, samples: int, ramp: bool = True) -> list[int]:
     """Feed `limit` `samples` calls under full demand (as many in flight as it allows), with
     `ramp` the first INITIAL_LIMIT sent one after another as a burst's are (1, 2, ... in
@@ -91,7 +97,7 @@ def test_a_cpu_bound_server_keeps_a_small_standing_queue():
     limit = Limit(CEILING)
     sizes = run(limit, lambda load: 0.002 * load, 5000)  # one call at a time, 2 ms each
     late = sizes[-2000:]  # about 5 s
-    steady = [size for size in late if size >= CALIBRATION_SAMPLES]  # not re-measuring
+    steady = [size for size in late if not re_measuring(size)]
     assert len(late) - len(steady) < len(late) / 20, late  # re-measuring: a few calls at most
     # `load` calls in flight queue load - 1 of them: the limit is a queue of LOW..HIGH plus one
     assert all(QUEUE_LOW <= size <= QUEUE_HIGH + 2 for size in steady), late[-20:]
@@ -168,7 +174,7 @@ def test_a_slow_server_whose_latency_grows_with_load_is_rarely_re_measured():
     limit = Limit(CEILING)
     Clock.now = 0.0
     late = run(limit, lambda load: 1.0 + 0.05 * load, 20000)[-10000:]
-    calibrating = [size for size in late if size < CALIBRATION_SAMPLES]
+    calibrating = [size for size in late if re_measuring(size)]
     assert len(calibrating) < len(late) / 100, len(calibrating)
 
 
@@ -180,11 +186,11 @@ def test_a_cold_first_answer_does_not_space_out_the_re_measurements():
     now = 0.0
     while limit.no_load > 0.002 and now < 60.0:  # a queue, then the re-measurement's calls
         now += 0.01
-        calibrating = limit.size < CALIBRATION_SAMPLES
+        calibrating = re_measuring(limit.size)
         limit.sample(0.002 if calibrating else 0.500, 1 if calibrating else 30, now)
     measured = now
     # a queue of 24 calls at 2 ms each
-    while limit.size >= CALIBRATION_SAMPLES and now < measured + 10.0:
+    while not re_measuring(limit.size) and now < measured + 10.0:
         now += 0.01
         limit.sample(0.050, 25, now)
     assert now - measured < 3.5, now - measured
