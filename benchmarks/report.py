@@ -177,11 +177,8 @@ def _latency_bound_text(scenario: dict) -> list[str]:
     lines += ["|---|---|---|---|---|---|---|"]
     for key, entry in scenario.items():
         d = entry["median"]
-        note = (
-            f" (from {entry['seed_extrapolated_from']} items)"
-            if entry["seed_extrapolated_from"]
-            else ""
-        )
+        extrapolated = entry["seed_extrapolated_from"]
+        note = f" (from {extrapolated} items)" if extrapolated else ""
         lines.append(
             f"| {key} | {entry['items']} | {_fmt(d['seed_s'], ' s')}{note} | "
             f"{_fmt(d['fanout_s'], ' s')} | {_fmt(d['bridge_s'], ' s')} | "
@@ -197,7 +194,9 @@ def _scale_text(scenario: dict) -> list[str]:
         f"**3. Scale**: {scenario['items']} items in flight, upstream latency "
         f"{scenario['upstream_latency_s']} s: done in {_fmt(d['wall_s'], ' s')} by a new "
         f"bridge and in {_fmt(d.get('warm_wall_s'), ' s')} by the same bridge "
-        f"{scenario.get('warm_pause_s', 0):g} s later (the direct aiohttp fan-out of the same "
+        f"{scenario.get('warm_pause_s', 0):g} s later (with the limit off, `--fixed-concurrency "
+        f"{scenario['items']}`: {_fmt(d.get('limit_off_wall_s'), ' s')} and "
+        f"{_fmt(d.get('limit_off_warm_wall_s'), ' s')}; the direct aiohttp fan-out of the same "
         f"items: {_fmt(d.get('direct_wall_s'), ' s')}), first result "
         f"{_fmt(d['first_result_s'], ' s')}, bridge peak RSS {_fmt(d['peak_rss_mb'], ' MiB')} "
         f"and {_fmt(d.get('warm_peak_rss_mb'), ' MiB')}, bridge CPU "

@@ -1,13 +1,15 @@
 """Scenario 3 (issues 4 and 37): `scale_items` items (16,384) in flight at once on VerifyStreams
 against an upstream with `scale_latency` s (1 s) latency, through a bridge with its defaults,
-beside the direct aiohttp fan-out of the same items.
+beside the direct aiohttp fan-out of the same items and a bridge with the limit off.
 
 Each round starts a fresh upstream and bridge and sends the items twice: once to the new
 bridge (`cold`: its adaptive limit starts at 20 calls and grows by 8 per round trip of
 answers, `bridge.flows.limits`, so it is four round trips before all are in flight), and again
 WARM_PAUSE s after the last result (`warm`: the limit and the upstream connections it found;
 what every later batch of a training run meets, as scenario 6 measures its bridges after a
-warm-up). The order of the bridge and the direct fan-out swaps each round.
+warm-up). A second fresh upstream and bridge, started with `--fixed-concurrency` as many as
+the items (the limit off: every item in flight at once), take the same two batches: what these
+cores allow with no limit to grow. The order of the three swaps each round.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ WARM_PAUSE = 2.0
 # The figures each round reports per batch (the warm batch's prefixed "warm_"), and their
 # medians; the peak RSS after the warm batch is the higher of the two batches'.
 KEYS = ("wall_s", "first_result_s", "bridge_cpu_s", "peak_rss_mb")
+# The two batches' seconds with the limit off.
+LIMIT_OFF = ("limit_off_wall_s", "limit_off_warm_wall_s")
 
 
 def _downsample(timeline: list[tuple[float, int]], points: int = 200) -> list[list[float]]:
@@ -49,13 +53,16 @@ def _batch(target: str, pid: int, requests_: list, streams: int, prefix: str) ->
     }
 
 
-def _round(requests_: list, latency: float, profile: Path | None = None) -> dict[str, Any]:
-    """A cold and a warm batch (module docstring) with a fresh upstream and bridge, over as
-    many VerifyStreams as the bridge's `--max-stream-items` (4,096) takes; `profile`: py-spy
-    the cold batch's bridge into that file."""
+def _round(
+    requests_: list, latency: float, profile: Path | None = None, flags: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A cold and a warm batch (module docstring) with a fresh upstream and bridge (given
+    `flags` too), over as many VerifyStreams as the bridge's `--max-stream-items` (4,096)
+    takes; `profile`: py-spy the cold batch's bridge into that file."""
     streams = -(-len(requests_) // BridgeConfig().max_stream_items)
     with procs.Upstream(latency) as up:
-        with start_bridge("--server", f"mcqa={up.url}", "--verify-timeout", "60") as bridge:
+        command = ("--server", f"mcqa={up.url}", "--verify-timeout", "60", *flags)
+        with start_bridge(*command) as bridge:
             idle_rss = procs.peak_rss_mb(bridge.pid)
             if profile:
                 with procs.profiled(bridge.pid, profile):
@@ -79,22 +86,29 @@ def _direct_s(items: list[Item], latency: float) -> float:
 
 def scenario(s: Settings, rows: list[dict], log: Log) -> dict[str, Any]:
     """Scenario 3 (module docstring): `s.rounds` rounds; per round the cold and warm batch
-    figures, the bridge's peak RSS and the direct fan-out's seconds, and their medians."""
+    figures, the bridge's peak RSS, the same batches' seconds with the limit off and the direct
+    fan-out's seconds, and their medians."""
     items = clients.make_items(rows, s.scale_items, scripted=True)
     requests_ = clients.grpc_requests(items, "scale")
     log(f"scenario 3: {len(items)} items in flight, upstream latency {s.scale_latency} s")
+    off = ("--fixed-concurrency", str(len(requests_)))
+    runs = {
+        "bridge": lambda: _round(requests_, s.scale_latency),
+        "limit_off": lambda: _round(requests_, s.scale_latency, flags=off),
+        "direct": lambda: _direct_s(items, s.scale_latency),
+    }
     rounds = []
     for index in range(s.rounds):
-        if index % 2:
-            direct_s = _direct_s(items, s.scale_latency)
-            row = _round(requests_, s.scale_latency)
-        else:
-            row = _round(requests_, s.scale_latency)
-            direct_s = _direct_s(items, s.scale_latency)
+        got = {name: runs[name]() for name in (list(runs)[::-1] if index % 2 else runs)}
+        row, direct_s = got["bridge"], got["direct"]
         row["direct_wall_s"] = direct_s
+        row["limit_off_wall_s"] = got["limit_off"]["wall_s"]
+        row["limit_off_warm_wall_s"] = got["limit_off"]["warm_wall_s"]
         log(
             f"  round {index + 1}: done in {row['wall_s']:.2f} s cold, {row['warm_wall_s']:.2f} s "
-            f"warm (direct fan-out {direct_s:.2f} s), first result {row['first_result_s']:.2f} "
+            f"warm (limit off {row['limit_off_wall_s']:.2f} s and "
+            f"{row['limit_off_warm_wall_s']:.2f} s; direct fan-out {direct_s:.2f} s), "
+            f"first result {row['first_result_s']:.2f} "
             f"s, peak RSS {row['peak_rss_mb']:.0f} MiB cold, {row['warm_peak_rss_mb']:.0f} MiB "
             f"warm, bridge CPU {row['bridge_cpu_s']:.2f} s cold, "
             f"{row['warm_bridge_cpu_s']:.2f} s warm, {row['failed']} + "
@@ -103,7 +117,7 @@ def scenario(s: Settings, rows: list[dict], log: Log) -> dict[str, Any]:
         rounds.append(row)
     if s.profile_dir:
         _round(requests_, s.scale_latency, s.profile_dir / "profile_scale.txt")
-    keys = (*KEYS, *(f"warm_{k}" for k in KEYS), "direct_wall_s")
+    keys = (*KEYS, *(f"warm_{k}" for k in KEYS), "direct_wall_s", *LIMIT_OFF)
     return {
         "items": len(items),
         "upstream_latency_s": s.scale_latency,
