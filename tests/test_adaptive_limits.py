@@ -28,6 +28,7 @@ from prometheus_client import generate_latest
 from nemo_gym_grpc.bridge.flows.balancer import Balancer, Replica
 from nemo_gym_grpc.bridge.flows.limits import (
     CALIBRATION_SAMPLES,
+    CONFIRM_LOAD,
     GROWTH,
     INITIAL_LIMIT,
     QUEUE_HIGH,
@@ -232,26 +233,39 @@ def test_one_slow_answer_among_many_that_met_no_queue_is_no_reason_to_re_measure
     limit = Limit(16384)
     Clock.now = 0.0
     run(limit, lambda load: 1.0, 20000)  # latency flat: the ceiling, re-measured never
-    limit.sample(1.0, 1, Clock.now)  # a no-load call; then 6 s of answers at load
-    sizes = [limit.sample(1.0 + 0.01 * (k % 3), 16384, Clock.now + 0.001 * k) for k in range(6000)]
+    limit.sample(1.0, 1, Clock.now)  # a no-load call; then 66 s (66 round trips) at load
+    sizes = [limit.sample(1.0 + 0.01 * (k % 3), 16384, Clock.now + 0.011 * k) for k in range(6000)]
     assert min(sizes) == 16384
-    assert limit.sample(1.66, 6812, Clock.now + 6.1) == 1  # a queue, long since a no-load call
-    assert limit.sample(1.02, 6000, Clock.now + 6.2) == 16384  # sent before it: no queue
-    assert limit.sample(1.60, 50, Clock.now + 6.3) == 16384  # and the clock began anew
+    assert limit.sample(1.66, 6812, Clock.now + 66.1) == 1  # a queue, long since a no-load call
+    assert limit.sample(1.02, 6000, Clock.now + 66.2) == 16384  # sent before it: no queue
+    assert limit.sample(1.60, 50, Clock.now + 66.3) == 16384  # and the clock began anew
 
 
 def test_a_first_re_measurement_is_called_off_only_by_as_much_load_without_a_queue():
-    # a bridge's first burst at a server whose latency is flat (never re-measured): one slow
-    # answer at its tail begins the first re-measurement at once, which an answer sent with
-    # fewer calls in flight does not call off (the no-load latency may still be a cold
-    # server's) and one sent with as many does
+    # a bridge's first burst at a server whose latency is flat (never re-measured), under
+    # CONFIRM_LOAD calls at once: one slow answer at its tail begins the first re-measurement
+    # at once, which an answer sent with fewer calls in flight does not call off (the no-load
+    # latency may still be a cold server's) and one sent with as many does
+    limit = Limit(CONFIRM_LOAD - 100)
+    Clock.now = 0.0
+    run(limit, lambda load: 1.0, 2 * CONFIRM_LOAD)
+    assert limit.size == CONFIRM_LOAD - 100
+    assert limit.sample(2.5, 600, Clock.now + 0.1) == 1
+    assert limit.sample(1.02, 500, Clock.now + 0.2) == 1
+    assert limit.sample(1.02, 600, Clock.now + 0.3) == CONFIRM_LOAD - 100
+
+
+def test_thousands_at_once_without_a_queue_are_no_cold_servers_first_guess():
+    # the same burst with 16,384 at once: no server whose latency grows with load answers so
+    # many within the tolerance of a cold guess, so a slow tail is a queue to step back from,
+    # not a re-measurement that would hold the next burst for two round trips
     limit = Limit(16384)
     Clock.now = 0.0
     run(limit, lambda load: 1.0, 20000)
     assert limit.size == 16384
-    assert limit.sample(2.5, 6812, Clock.now + 0.1) == 1
-    assert limit.sample(1.02, 6000, Clock.now + 0.2) == 1
-    assert limit.sample(1.02, 6812, Clock.now + 0.3) == 16384
+    size = limit.sample(2.5, 6812, Clock.now + 0.1)  # far past the knee: where its queue is low
+    assert 6812 / 2.5 < size <= 6812 / 2.5 + QUEUE_HIGH, size
+    assert limit.sample(1.0, 2000, Clock.now + 0.2) == size + GROWTH - 1  # and grows again
 
 
 def test_latency_noise_at_thousands_in_flight_is_not_read_as_far_past_the_knee():

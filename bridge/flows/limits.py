@@ -55,34 +55,38 @@ given the no-load latency, which is what needs care:
   connections idle for 5 s, so the next calls connect anew), and a no-load latency raised by
   them would make a queue look like none and the limit double past the knee;
 - a re-measurement, as Envoy's adaptive concurrency filter does: the replica's slots drop to
-  LOW_LOAD until one call met no queue, then to CALIBRATION_SAMPLES - 1 (no more than the limit
-  it ends with) until as many more sent with no more in flight have answered, and the no-load
-  latency is the least of theirs; the limit it ends with is where the queue that started it
-  would have been QUEUE_LOW. It starts when a queue over the low mark (beyond the tolerance) has
-  held for CALIBRATE_AFTER seconds (after the first re-measurement: or CALIBRATE_TRIPS times the
-  lowest no-load latency yet, if longer; the current one may be raised by other bridges' load on
-  the server) without a no-load call (a server that slowed down: a latency step looks like a
-  queue), a pause without answers restarting that clock; and at once at the first queue with a
-  latency over twice the no-load one, since until then the no-load latency is a cold server's
-  first answers (its first request, new connections), often ten times the real one. Unlike
-  Envoy's, it never runs on a server whose latency does not grow with load, whose flow it would
-  stall. The first call alone is the no-load latency even at a server that serves one call at a
-  time; the other two (each of which may wait for the other there, or be faster) go out
-  together, so a re-measurement takes two round trips once the calls before it are answered (one
-  call at a time, as it did first, three: the next batch of 16,384 calls at 1 s waited 3 s for
-  it). Envoy re-measures with 3 calls at once throughout, which at such a server reads a no-load
-  latency up to 3 times the real one, and several bridges in front of it each add their 3 to its
-  queue. The round trips bound what it costs a slow server whose latency grows with load (an LLM
-  judge), which a re-measurement holds to one or two calls for two of its round trips:
-  re-measured every 3 s, one of 1 s took 3,389 s for 20,000 calls (modelled, one call at a
-  time), every 60 round trips 1,885 s (1,856 s with the last two calls together). Envoy
-  re-measures every 60 s. A re-measurement is called off, its limit as before, when a call sent
-  before it with QUEUE_LOW or more in flight answers within the tolerance: the tail of a burst
-  of thousands on a busy machine has a few slow answers among many that met no queue, and a
-  re-measurement begun on one was waited out by the next burst, one call at a time (16,384 calls
-  at 1 s: 5.6-6.6 s instead of 2.5 s, one run in four). The first one only by a call sent with
-  at least as many in flight as the one that began it: until then the no-load latency may be a
-  cold server's, which a queue shorter than the one seen meets within the tolerance.
+  LOW_LOAD until one call met no queue, then to CALIBRATION_SAMPLES - 1 (no more than the limit it
+  ends with) until as many more sent with no more in flight have answered, and the no-load latency
+  is the least of theirs; the limit it ends with is where the queue that started it would have been
+  QUEUE_LOW. It starts when a queue over the low mark (beyond the tolerance) has held for
+  CALIBRATE_AFTER seconds (once re-measured or confirmed, below: or CALIBRATE_TRIPS times the lowest
+  no-load latency yet, if longer; the current one may be raised by other bridges' load on the
+  server) without a no-load call (a server that slowed down: a latency step looks like a queue), a
+  pause without answers restarting that clock; and at once at the first queue with a latency over
+  twice the no-load one, since until then the no-load latency is a cold server's first answers (its
+  first request, new connections), often ten times the real one, unless CONFIRM_LOAD calls sent at
+  once have answered within the tolerance of it: no server whose latency grows with load answers so
+  many so fast with such a guess (a one-at-a-time server at 1 ms a call would take a second), and a
+  re-measurement begun at the slow tail of a first burst held the next burst for its two round trips
+  (16,384 calls at 1 s: the next batch took 4.6 and 6.2 s in 2 rounds of 10, the others 2.4-2.7 s).
+  Unlike Envoy's, it never runs on a server whose latency does not grow with load, whose flow it
+  would stall. The first call alone is the no-load latency even at a server that serves one call at
+  a time; the other two (each of which may wait for the other there, or be faster) go out together,
+  so a re-measurement takes two round trips once the calls before it are answered (one call at a
+  time, as it did first, three: the next batch of 16,384 calls at 1 s waited 3 s for it). Envoy
+  re-measures with 3 calls at once throughout, which at such a server reads a no-load latency up to
+  3 times the real one, and several bridges in front of it each add their 3 to its queue. The round
+  trips bound what it costs a slow server whose latency grows with load (an LLM judge), which a
+  re-measurement holds to one or two calls for two of its round trips: re-measured every 3 s, one of
+  1 s took 3,389 s for 20,000 calls (modelled, one call at a time), every 60 round trips 1,885 s
+  (1,856 s with the last two calls together). Envoy re-measures every 60 s. A re-measurement is
+  called off, its limit as before, when a call sent before it with QUEUE_LOW or more in flight
+  answers within the tolerance: the tail of a burst of thousands on a busy machine has a few slow
+  answers among many that met no queue, and a re-measurement begun on one was waited out by the next
+  burst, one call at a time (16,384 calls at 1 s: 5.6-6.6 s instead of 2.5 s, one run in four). The
+  first one only by a call sent with at least as many in flight as the one that began it: until then
+  the no-load latency may be a cold server's, which a queue shorter than the one seen meets within
+  the tolerance.
 """
 
 from __future__ import annotations
@@ -106,6 +110,9 @@ GROWTH = 8.0
 CALIBRATE_AFTER = 3.0
 CALIBRATE_TRIPS = 60
 CALIBRATION_SAMPLES = 3
+# Calls sent at once that, answered within the tolerance of the no-load latency, show it is
+# no cold server's first guess (module docstring).
+CONFIRM_LOAD = 1000
 
 
 class Limit:
@@ -148,7 +155,7 @@ class Limit:
         # a re-measurement an answer that met no queue may call off: the limit it had then,
         # and the least load at which that answer was sent
         self._recheck = (self._limit, math.inf)
-        self._measured = False  # no re-measurement yet: the no-load latency is a first guess
+        self._measured = False  # not re-measured nor confirmed: the no-load latency is a guess
         self.no_load = self._fastest = math.inf  # and the lowest it has been
         self.size = int(self._limit)
 
@@ -178,6 +185,7 @@ class Limit:
         high = max(QUEUE_HIGH, 6.0 * math.log10(limit)) / self.share
         at_low = load * self.no_load / rtt + low  # the limit at which this queue would be `low`
         noise = rtt < TOLERANCE * self.no_load  # no queue worth the name, however many calls
+        self._measured = self._measured or (noise and load >= CONFIRM_LOAD)
         first = not self._measured and rtt > 2.0 * self.no_load
         trips = CALIBRATE_TRIPS * self._fastest if self._measured else 0.0
         stale = now - self._last_low > max(CALIBRATE_AFTER, trips)
