@@ -4,8 +4,8 @@
 
 # Byte code is cached (our modules', and pytest's rewritten test modules' in tests/__pycache__)
 # even where the shell sets PYTHONDONTWRITEBYTECODE, as this machine's does: without the cache
-# every pytest process (each xdist worker) compiles and rewrites all 117 test modules afresh:
-# `make fast` took 55-65 s without the cache, 50 s with it.
+# every pytest process (each xdist worker) compiles and rewrites all 117 test modules afresh
+# (what that costs the fast tier: README).
 unexport PYTHONDONTWRITEBYTECODE
 
 # Every tool runs from .venv, which `make dev` (or any target needing it) creates on first use.

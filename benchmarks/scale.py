@@ -99,7 +99,8 @@ def scenario(s: Settings, rows: list[dict], log: Log) -> dict[str, Any]:
     }
     rounds = []
     for index in range(s.rounds):
-        got = {name: runs[name]() for name in (list(runs)[::-1] if index % 2 else runs)}
+        order = reversed(runs) if index % 2 else iter(runs)
+        got = {name: runs[name]() for name in order}
         row, direct_s = got["bridge"], got["direct"]
         row["direct_wall_s"] = direct_s
         row["limit_off_wall_s"] = got["limit_off"]["wall_s"]
