@@ -134,7 +134,7 @@ $(DEMO_DEPS): pyproject.toml
 demo: $(DEMO_DEPS)
 	$(DEMO_RUN)
 
-# Benchmarks (under 10 minutes on 2 cores): JSON, markdown table and PNG plots in
+# Benchmarks (how long each takes: docs/performance.md): JSON, markdown table and PNG plots in
 # benchmarks/results/. BENCH_ARGS passes options, e.g. BENCH_ARGS="--only 3,4 --rounds 1".
 bench: $(DEV)
 	$(PY) -c "import matplotlib, psutil" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
