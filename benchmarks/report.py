@@ -303,12 +303,12 @@ def _scale_plot(scenario: dict) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for i, r in enumerate(scenario["rounds"]):
         ts, ns = zip(*r["timeline"], strict=True) if r["timeline"] else ((), ())
-        ax.plot(ts, ns, label=f"round {i + 1}, new bridge")
+        ax.plot(ts, ns, color=f"C{i}", label=f"round {i + 1}, new bridge")
         if r.get("warm_timeline"):
             ts, ns = zip(*r["warm_timeline"], strict=True)
-            ax.plot(ts, ns, ls="--", label=f"round {i + 1}, next batch")
-    ax.axvline(3.0, color="red", ls="--", lw=1, label="target: done <= 3 s")
-    ax.axvline(1.2, color="orange", ls=":", lw=1, label="target: first <= 1.2 s")
+            ax.plot(ts, ns, color=f"C{i}", ls="--", label=f"round {i + 1}, next batch")
+    ax.axvline(3.0, color="black", ls="--", lw=1, label="target: done <= 3 s")
+    ax.axvline(1.2, color="grey", ls=":", lw=1, label="target: first <= 1.2 s")
     ax.set_xlabel("seconds since the first item was sent")
     ax.set_ylabel("results received")
     ax.set_title(f"3. {scenario['items']:,} items in flight, 1 s upstream")
