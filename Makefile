@@ -45,12 +45,15 @@ help:
 	@echo "                  installs only the package, no dev tools or torch"
 	@echo "make test         the whole test suite on real NeMo Gym 0.7.0 servers, then its"
 	@echo "                  compat subset on 0.4.0; installs everything"
-	@echo "make fast         the fast tier (no NeMo Gym servers), with its time:"
-	@echo "                  .venv/bin/python -m pytest -m 'not nemo_gym' -n auto"
+	@echo "make fast         the fast tier (no NeMo Gym servers, no trainer venvs) on every"
+	@echo "                  core, with its time"
+	@echo "make bench        benchmarks into benchmarks/results/ (docs/performance.md)"
 	@echo "make soak         10-minute chaos soak (not part of make test; its 60 s variant is)"
 	@echo "make proto        regenerate Python code from $(PROTOS)"
 	@echo "make proto-check  fail if the committed generated code is stale"
 	@echo "make lint         ruff, buf lint and mypy (make typecheck: mypy alone)"
+	@echo "make wheel        build the wheel into dist/"
+	@echo "make clean        remove build/ (verl's venv too), dist/, *.egg-info, .pytest_cache"
 
 dev: $(DEV) $(VERL)
 
