@@ -68,7 +68,7 @@ given the no-load latency, which is what needs care:
   once have answered within the tolerance of it: no server whose latency grows with load answers so
   many so fast with such a guess (a one-at-a-time server at 1 ms a call would take a second), and a
   re-measurement begun at the slow tail of a first burst held the next burst for its two round trips
-  (16,384 calls at 1 s: the next batch took 4.6 and 6.2 s in 2 rounds of 10, the others 2.4-2.7 s).
+  (measured: docs/performance.md, "16k in flight").
   Unlike Envoy's, it never runs on a server whose latency does not grow with load, whose flow it
   would stall. The first call alone is the no-load latency even at a server that serves one call at
   a time; the other two (each of which may wait for the other there, or be faster) go out together,
