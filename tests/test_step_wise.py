@@ -27,7 +27,6 @@ from nemo_gym_grpc.v1 import session_pb2, verify_pb2, verify_pb2_grpc
 from tests.support import NemoGymServers, resources_server_dir, start_bridge
 from tests.support.items import mcqa_row
 from tests.support.missing import missing
-from tests.support.waiting import wait_until
 from tests.test_score import score_example_rollouts
 
 pytestmark = pytest.mark.nemo_gym_07  # step-wise servers are new in 0.7
@@ -75,16 +74,9 @@ def test_score_scores_a_step_wise_servers_saved_rollouts(step_gym, server, tmp_p
 def test_step_wise_servers_are_listed_as_such(bridge):
     with grpc.insecure_channel(bridge.target) as channel:
         stub = verify_pb2_grpc.VerifyServiceStub(channel)
-
-        def listed() -> dict:
-            reply = stub.ListResourcesServers(verify_pb2.ListResourcesServersRequest(), timeout=30)
-            return {s.name: s for s in reply.resources_servers}
-
-        def known() -> bool:
-            return all(s.capabilities_known for s in listed().values())
-
-        wait_until(known, timeout=60, what="every server's capabilities learned")
-        servers = listed()
+        reply = stub.ListResourcesServers(verify_pb2.ListResourcesServersRequest(), timeout=30)
+        servers = {s.name: s for s in reply.resources_servers}
+    assert all(s.capabilities_known for s in servers.values()), servers
     assert {name for name, s in servers.items() if s.step_wise} == set(STEP_WISE)
     assert list(servers["blackjack"].tools) == []  # /reset and /step are not tools
 

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 
 from nemo_gym_grpc.bridge.flows.verify import Verifier
-from nemo_gym_grpc.bridge.nemo_gym.capabilities import LEARN_TIMEOUT, LEGACY, Capabilities
+from nemo_gym_grpc.bridge.nemo_gym.capabilities import ASK_TIMEOUT, LEGACY, Capabilities
 from nemo_gym_grpc.bridge.rpc import kinds, streams
 from nemo_gym_grpc.bridge.rpc.handlers import add_service
 from nemo_gym_grpc.bridge.rpc.listing import rediscover
@@ -20,6 +20,9 @@ from nemo_gym_grpc.shared.contract import VERIFY_SERVICE
 from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+# Seconds before its deadline a ListResourcesServers answers with what it knows by then.
+LISTING_MARGIN = 0.5
 
 
 class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
@@ -68,8 +71,9 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
             await rediscover(upstreams, context)
         entries = upstreams.entries()
         catalog = self._verifier.capabilities
+        wait = listing_wait(context.time_remaining())
         learned = await asyncio.gather(
-            *(catalog.of(u.urls[0], LEARN_TIMEOUT) if u.urls else _legacy() for u in entries)
+            *(catalog.of(u.urls[0], wait) if u.urls else _legacy() for u in entries)
         )
         return verify_pb2.ListResourcesServersResponse(
             resources_servers=[
@@ -88,6 +92,17 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
                 for u, caps in zip(entries, learned, strict=True)
             ]
         )
+
+
+def listing_wait(remaining: float | None) -> float:
+    """Seconds ListResourcesServers waits for what its servers support: as long as the
+    learning may take (`ASK_TIMEOUT`), unlike an item's `LEARN_TIMEOUT` (a cold NeMo Gym 0.7
+    server builds its first `/openapi.json` for seconds, and a listing that gave up at 2 s left
+    a trainer that offers the listed tools without them), but answering `LISTING_MARGIN`
+    seconds before the call's deadline when `remaining` (seconds) is not None."""
+    if remaining is None:
+        return ASK_TIMEOUT
+    return max(0.0, min(ASK_TIMEOUT, remaining - LISTING_MARGIN))
 
 
 async def _legacy() -> Capabilities:
