@@ -38,10 +38,10 @@ REVERIFY_PATH = "/reverify_mode"
 PROBE_ID = "nemo-gym-grpc-probe"
 # Seconds an item waits for its replica's capabilities (then it goes on as on 0.4).
 LEARN_TIMEOUT = 2.0
-# Seconds one replica's learning may take in all, in the background past LEARN_TIMEOUT: a cold
-# NeMo Gym 0.7 server builds its `/openapi.json` on the first request, which took over 2 s
-# on a loaded 2-core machine.
-ASK_TIMEOUT = 15.0
+# Seconds one replica's learning may take in all, in the background past LEARN_TIMEOUT (and what
+# a listing waits): a cold NeMo Gym 0.7 server builds its `/openapi.json` on the first request,
+# which took over 10 s on this 2-core machine for servers that had just started together.
+ASK_TIMEOUT = 30.0
 # Seconds after a transport failure before a replica's capabilities are asked for again.
 RELEARN_AFTER = 30.0
 

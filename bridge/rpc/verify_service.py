@@ -96,10 +96,9 @@ class VerifyService(verify_pb2_grpc.VerifyServiceServicer):
 
 def listing_wait(remaining: float | None) -> float:
     """Seconds ListResourcesServers waits for what its servers support: as long as the
-    learning may take (`ASK_TIMEOUT`), unlike an item's `LEARN_TIMEOUT` (a cold NeMo Gym 0.7
-    server builds its first `/openapi.json` for seconds, and a listing that gave up at 2 s left
-    a trainer that offers the listed tools without them), but answering `LISTING_MARGIN`
-    seconds before the call's deadline when `remaining` (seconds) is not None."""
+    learning may take (`ASK_TIMEOUT`), not an item's `LEARN_TIMEOUT` (a trainer reads the listed
+    tools once, at its start, while cold servers still build their `/openapi.json`), answering
+    `LISTING_MARGIN` seconds before the deadline `remaining` (seconds left; None: none) says."""
     if remaining is None:
         return ASK_TIMEOUT
     return max(0.0, min(ASK_TIMEOUT, remaining - LISTING_MARGIN))

@@ -410,8 +410,9 @@ class ResourcesServer(_message.Message):
     """What the server supports, as the bridge learned it from its first
     replica (`GET /openapi.json`, and `/reverify_mode` where it has one);
     false when learning that failed or had not ended 0.5 s before the call's
-    deadline (the bridge waits for it at most 15 s; the fields below are then
-    empty, and the learning goes on for the next call).
+    deadline (the bridge waits while the learning may last: docs/operating.md,
+    "Sessions"; the fields below are then empty, and the learning goes on for
+    the next call).
     """
     typed_sessions: _builtins.bool
     """Its `/seed_session` takes 0.7's typed `ResourcesSeedSessionRequest`."""
