@@ -29,6 +29,7 @@ from nemo_gym_grpc.bridge.flows.verify import Verifier
 from nemo_gym_grpc.bridge.nemo_gym import capabilities, correlation, http
 from nemo_gym_grpc.bridge.process.metrics import Metrics
 from nemo_gym_grpc.v1 import verify_pb2
+from tests.support.waiting import until
 
 PREFIX = re.compile(r"^/ng-rollout/([A-Za-z0-9][A-Za-z0-9._-]*)(/.*)$")
 TYPED = {"$ref": "#/components/schemas/ResourcesSeedSessionRequest"}
@@ -124,15 +125,6 @@ def item(request_id: str, seed: bool = True) -> verify_pb2.VerifyRequest:
     )
 
 
-async def until(condition, seconds: float = 5.0) -> None:
-    """Wait (bounded) until `condition()` holds."""
-    for _ in range(int(seconds / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not within {seconds} s")
-
-
 def test_what_an_openapi_document_shows():
     assert capabilities.read_openapi(openapi(TYPED, "/close_session")) == capabilities.Capabilities(
         typed_seed_only=True, close_session=True, learned=True, typed_seed=True
@@ -177,7 +169,7 @@ async def test_a_typed_only_server_gets_typed_seed_and_close_under_the_rollout_p
             bridge = verifier(session, server.url)
             result = await bridge.verify(item("r-7"), None)
             assert result.WhichOneof("outcome") == "reward", result.error.message
-            await until(lambda: len(server.seen) == 3)
+            await until(lambda: len(server.seen) == 3, 5, "3 POSTs")
             await bridge.aclose()
     assert server.routes() == [
         ("r-7", "/seed_session"),
@@ -207,7 +199,7 @@ async def test_a_server_that_takes_both_gets_the_legacy_seed_and_a_close():
         async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
             bridge = verifier(session, server.url)
             await bridge.verify(item("id é"), None)  # no valid rollout id: plain routes
-            await until(lambda: len(server.seen) == 3)
+            await until(lambda: len(server.seen) == 3, 5, "3 POSTs")
     assert server.routes() == [(None, "/seed_session"), (None, "/verify"), (None, "/close_session")]
     seed, close = server.seen[0][2], server.seen[2][2]
     assert "resources_session_id" not in seed and seed["question"] == "q"
@@ -289,7 +281,9 @@ async def test_a_failed_close_is_counted_and_logged_never_the_items_result(caplo
                 await until(
                     lambda: (
                         bridge.metrics.closes.labels("s", "UPSTREAM_HTTP_ERROR")._value.get() == 1
-                    )
+                    ),
+                    5,
+                    "the failed close counted",
                 )
     assert result.reward == 1.0
     assert "not closed" in caplog.text
@@ -301,7 +295,7 @@ async def test_a_hanging_close_is_cancelled_on_drain():
         async with aiohttp.ClientSession() as session:
             bridge = verifier(session, server.url)
             assert (await bridge.verify(item("r"), None)).reward == 1.0
-            await until(lambda: server.routes()[-1:] == [(None, "/close_session")])
+            await until(lambda: server.routes()[-1:] == [(None, "/close_session")], 5, "a close")
             async with asyncio.timeout(1.0):
                 await bridge.aclose()
 

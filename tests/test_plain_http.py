@@ -22,6 +22,7 @@ import pytest
 
 from nemo_gym_grpc.bridge.nemo_gym import framing, plain_http
 from tests.support.fault_proxy import Fault, FaultProxy
+from tests.support.waiting import until
 
 REPLY = b'{"reward": 1.0, "text": "' + b"x" * 5000 + b'"}'
 HEADERS = [("Content-Type", "application/json"), ("X-Request-Id", "item-1")]
@@ -102,15 +103,6 @@ async def outcome(client: Either, url: str, timeout: float = 5.0) -> str:
     return str(status)
 
 
-async def wait_until(check, seconds: float = 3.0) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.02)
-    return True
-
-
 @pytest.mark.parametrize(
     ("fault", "expected"),
     [
@@ -139,7 +131,7 @@ async def test_each_fault_ends_the_same_way_and_the_next_request_succeeds(
     # request cut short left nothing running upstream.
     proxy.set_faults()
     assert await outcome(client, proxy.url + "/verify") == "200"
-    assert await wait_until(lambda: proxy.in_flight == 0)
+    await until(lambda: proxy.in_flight == 0, 3, "no request in flight")
 
 
 async def test_a_refused_connection_is_told_from_a_dropped_request(client: Either) -> None:
@@ -154,13 +146,13 @@ async def test_cancelling_a_request_closes_its_connection_at_once(
 ) -> None:
     proxy.set_faults(Fault("hang"))
     task = asyncio.ensure_future(client.post(proxy.url + "/verify", timeout=30.0))
-    assert await wait_until(lambda: proxy.in_flight == 1)
+    await until(lambda: proxy.in_flight == 1, 3, "the request in flight")
     cancelled = time.monotonic()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     # The proxy's handler ends when the client's connection does.
-    assert await wait_until(lambda: proxy.in_flight == 0, 1.0)
+    await until(lambda: proxy.in_flight == 0, 1.0, "the request's end upstream")
     assert time.monotonic() - cancelled < 1.0
 
 

@@ -20,6 +20,7 @@ from google.rpc import code_pb2
 from nemo_gym_grpc.bridge import errors
 from nemo_gym_grpc.bridge.nemo_gym import http
 from nemo_gym_grpc.bridge.nemo_gym.replies import ReplyBudget
+from tests.support.waiting import until
 
 MiB = 1 << 20
 BODY = 4 * MiB  # far more than one socket read, so a reply that waits is not read whole
@@ -107,14 +108,6 @@ async def upstream() -> AsyncIterator[tuple[Upstream, str]]:
     await runner.cleanup()
 
 
-async def until(condition, what: str) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
-
-
 @pytest.fixture(params=["builtin", "aiohttp"])
 async def client(request) -> AsyncIterator[http.Client]:
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
@@ -136,9 +129,9 @@ async def test_a_reply_that_does_not_fit_waits_until_another_is_read(client, ups
     scripted, base = upstream
     budget = client.replies
     first = asyncio.create_task(post(client, f"{base}/stalled"))
-    await until(lambda: budget.held == BODY, "the first reply holds its Content-Length")
+    await until(lambda: budget.held == BODY, 5, "the first reply holds its Content-Length")
     second = asyncio.create_task(post(client, f"{base}/whole"))
-    await until(lambda: budget.waiting == 1, "the second reply waits")
+    await until(lambda: budget.waiting == 1, 5, "the second reply waits")
     await asyncio.sleep(0.2)
     assert not second.done() and budget.held == BODY
     scripted.go.set()
@@ -151,7 +144,7 @@ async def test_a_reply_that_waits_past_its_timeout_fails_and_leaves_the_line(cli
     scripted, base = upstream
     budget = client.replies
     first = asyncio.create_task(post(client, f"{base}/stalled"))
-    await until(lambda: budget.held == BODY, "the first reply holds its Content-Length")
+    await until(lambda: budget.held == BODY, 5, "the first reply holds its Content-Length")
     with pytest.raises(errors.ItemError) as failed:
         await post(client, f"{base}/whole", timeout=0.3)
     assert failed.value.code == code_pb2.DEADLINE_EXCEEDED
@@ -165,7 +158,7 @@ async def test_a_reply_of_unknown_size_reserves_the_largest_reply(client, upstre
     scripted, base = upstream
     client.replies.limit = 2 * MAX_REPLY
     reading = asyncio.create_task(post(client, f"{base}/chunked"))
-    await until(lambda: client.replies.held == MAX_REPLY, "the chunked reply holds the cap")
+    await until(lambda: client.replies.held == MAX_REPLY, 5, "the chunked reply holds the cap")
     scripted.go.set()
     assert len((await reading).body) == BODY
     assert client.replies.held == 0

@@ -24,6 +24,7 @@ from nemo_gym_grpc.bridge.rpc.budget import ITEM_STATE_BYTES, Budget, item_bytes
 from nemo_gym_grpc.bridge.rpc.verify_service import VerifyService
 from nemo_gym_grpc.shared import reasons
 from nemo_gym_grpc.v1 import verify_pb2
+from tests.support.waiting import until
 
 
 class Scripted:
@@ -183,6 +184,8 @@ def padded_item(request_id: str) -> verify_pb2.VerifyRequest:
 
 # What one `padded_item` counts against the byte limits while in flight.
 PADDED_BYTES = item_bytes(padded_item("i0"))
+# Seconds a reader that should be held back gets to go on (wrongly) before its count is checked.
+SETTLE = 0.05
 
 
 def padded(ids: list[str], per_message: int) -> list[verify_pb2.VerifyStreamRequest]:
@@ -214,8 +217,10 @@ async def test_a_stream_over_its_bytes_reads_no_further_message_until_results_go
     stream = streams._Stream(limited, None)
     ids = [f"i{n}" for n in range(20)]
     reader = asyncio.create_task(stream.read(fed(padded(ids, 2))))
-    await asyncio.sleep(0.2)  # nobody reads the results meanwhile
-    # 3 messages of 2 items (each ~1 KB, counted twice, and its state) reached 6 of 5; it waits
+    # nobody reads the results meanwhile: 3 messages of 2 items (each ~1 KB, counted twice, and
+    # its state) reached 6 of 5; it waits
+    await until(lambda: stream.accepted >= 6, 10, "6 items accepted")
+    await asyncio.sleep(SETTLE)
     assert stream.accepted == 6
     assert sorted(await drain(stream)) == sorted(ids)
     await reader
@@ -233,7 +238,8 @@ async def test_the_bridge_budget_holds_every_stream_until_results_go_out() -> No
         asyncio.create_task(first.read(fed(padded([f"a{n}" for n in range(20)], 2)))),
         asyncio.create_task(second.read(fed(padded([f"b{n}" for n in range(4)], 2)))),
     ]
-    await asyncio.sleep(0.2)
+    await until(lambda: first.accepted >= 6 and second.accepted >= 2, 10, "8 items accepted")
+    await asyncio.sleep(SETTLE)
     assert (first.accepted, second.accepted) == (6, 2)  # the second: one message, then waits
     assert len(await drain(first)) == 20
     assert len(await drain(second)) == 4
@@ -253,8 +259,9 @@ async def test_small_items_count_their_state_against_the_budget() -> None:
     stream = streams._Stream(small, None)
     tiny = [verify_pb2.VerifyRequest(request_id=f"t{n}", resources_server="s") for n in range(100)]
     batches = [verify_pb2.VerifyStreamRequest(items=tiny[k : k + 4]) for k in range(0, 100, 4)]
-    reader = asyncio.create_task(stream.read(fed(batches)))
-    await asyncio.sleep(0.2)  # nobody reads the results meanwhile
+    reader = asyncio.create_task(stream.read(fed(batches)))  # nobody reads the results
+    await until(lambda: stream.accepted >= 12, 10, "12 items accepted")
+    await asyncio.sleep(SETTLE)
     assert stream.accepted == 12  # 3 messages of 4 reached 10 items' state; then it waits
     assert len(await drain(stream)) == 100
     await reader
@@ -269,8 +276,8 @@ async def test_a_stream_that_ends_early_gives_its_bytes_back() -> None:
     context = SimpleNamespace(time_remaining=lambda: None, peer=lambda: "ipv4:127.0.0.1:1")
     call = streams.serve(hung, fed(padded(["a", "b", "c"], 3)), context)  # type: ignore[arg-type]
     pending = asyncio.ensure_future(anext(call))
-    await asyncio.sleep(0.05)
-    assert hung.budget.held == sum(item_bytes(padded_item(i)) for i in "abc")  # in flight
+    in_flight = sum(item_bytes(padded_item(i)) for i in "abc")
+    await until(lambda: hung.budget.held == in_flight, 10, "the 3 items in flight")
     pending.cancel()  # the call ends (e.g. its client went away)
     await asyncio.gather(pending, return_exceptions=True)
     await call.aclose()

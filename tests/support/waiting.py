@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -17,3 +18,16 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str) -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+async def until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """`wait_until` for a test on an event loop: polls every 10 ms, letting the loop run.
+
+    Raises:
+        AssertionError: naming `what`, when `timeout` seconds pass first.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.01)
