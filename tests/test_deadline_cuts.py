@@ -23,6 +23,7 @@ from nemo_gym_grpc.v1 import verify_pb2
 from tests.support.fault_proxy import Fault, FaultProxy
 from tests.support.items import error_info as info
 from tests.support.verifiers import verifier_for
+from tests.support.waiting import until
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +73,11 @@ async def test_an_item_waiting_for_a_slot_fails_at_its_deadline_not_when_the_slo
     async with aiohttp.ClientSession() as session:
         verifier = verifier_for(Upstreams({"slow": hanging.url}), session, max_in_flight=1)
         holder = asyncio.ensure_future(answered_at(verifier, item("holder", 2.5), None))
-        await asyncio.sleep(0.3)  # the holder has the only slot
+        replica = verifier.balancer.replica(hanging.url)
+        await until(lambda: replica.in_flight == 1, 2, "the holder in the only slot")
         deadline = time.monotonic() + 1.0
         waiter, at = await answered_at(verifier, item("waiter"), deadline)
         held, _ = await holder
-        replica = verifier.balancer.pick([hanging.url], [])
     detail = info(waiter)
     assert (waiter.error.code, detail.reason) == (code_pb2.DEADLINE_EXCEEDED, "UPSTREAM_TIMEOUT")
     assert "while waiting" in waiter.error.message and float(detail.metadata["queuedSeconds"]) > 0
