@@ -43,6 +43,12 @@ CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
 ]
 # For `ray:`: the first address that connects (the node's own bridge while it is up).
 PICK_FIRST_OPTIONS = [*CHANNEL_OPTIONS[:-1], ("grpc.service_config", ray_target.PICK_FIRST)]
+# A session client's one channel: pick_first, over connections of its own. By default channels
+# whose options differ in the service config alone share a process-wide pool of connections, so
+# a new one inherited another's reconnect backoff: to a bridge up on the port of one that had
+# stopped, whose cached `round_robin` channel kept trying it, a first call failed at once
+# ("Connection refused"), without waiting (sessions fail fast: no `wait_for_ready`).
+SESSION_OPTIONS = [("grpc.use_local_subchannel_pool", 1), *PICK_FIRST_OPTIONS]
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,8 @@ from typing import Any
 import grpc
 
 from nemo_gym_grpc.rewards.client import settings
-from nemo_gym_grpc.rewards.client.channels import CHANNEL_OPTIONS, Security
+from nemo_gym_grpc.rewards.client.channels import SESSION_OPTIONS, Security
 from nemo_gym_grpc.rewards.client.outcomes import Failure
-from nemo_gym_grpc.rewards.client.ray_target import PICK_FIRST
 from nemo_gym_grpc.v1 import session_pb2, session_pb2_grpc, verify_pb2
 
 # Seconds one session call may take by default (the bridge cuts its upstream call to it).
@@ -36,7 +35,6 @@ SEED_KINDS = {
     "legacy": session_pb2.SEED_KIND_LEGACY,
     "typed": session_pb2.SEED_KIND_TYPED,
 }
-_OPTIONS = [*CHANNEL_OPTIONS[:-1], ("grpc.service_config", PICK_FIRST)]
 
 
 class SessionError(Exception):
@@ -162,12 +160,12 @@ def stepped(reply: session_pb2.StepResponse) -> session_pb2.StepResult:
 
 
 def _open_channel(kind: Any, target: str, security: Security) -> Any:
-    """A channel of `kind` (the `grpc` or `grpc.aio` module) to `target` with _OPTIONS and
+    """A channel of `kind` (the `grpc` or `grpc.aio` module) to `target` with SESSION_OPTIONS and
     `security`'s credentials."""
     credentials = security.credentials()
     if credentials is None:
-        return kind.insecure_channel(target, options=_OPTIONS)
-    return kind.secure_channel(target, credentials, options=_OPTIONS)
+        return kind.insecure_channel(target, options=SESSION_OPTIONS)
+    return kind.secure_channel(target, credentials, options=SESSION_OPTIONS)
 
 
 def _security(target: str | None, security: Security | None) -> tuple[str, Security]:
