@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
@@ -13,21 +13,23 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str) -> No
     Raises:
         AssertionError: naming `what`, when `timeout` seconds pass first.
     """
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+    for pause in _polls(condition, timeout, what, 0.05):
+        time.sleep(pause)
 
 
 async def until(condition: Callable[[], object], timeout: float, what: str) -> None:
-    """`wait_until` for a test on an event loop: polls every 10 ms, letting the loop run.
+    """`wait_until` for a test on an event loop: polls every 10 ms, letting the loop run."""
+    for pause in _polls(condition, timeout, what, 0.01):
+        await asyncio.sleep(pause)
 
-    Raises:
-        AssertionError: naming `what`, when `timeout` seconds pass first.
-    """
+
+def _polls(
+    condition: Callable[[], object], timeout: float, what: str, every: float
+) -> Iterator[float]:
+    """Yields `every` (the seconds to wait before the next poll) while `condition()` is falsy;
+    raises AssertionError naming `what` once `timeout` seconds have passed."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
+        yield every
