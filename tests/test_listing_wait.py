@@ -18,7 +18,7 @@ from tests.support import start_bridge
 from tests.support.canned_http import CannedServer, canned
 
 # Seconds the scripted server takes to answer `/openapi.json`: past an item's 2 s.
-COLD_OPENAPI = 3.0
+COLD_OPENAPI = 2.5
 WEATHER = {
     "paths": {
         "/verify": {"post": {}},
