@@ -43,6 +43,12 @@ def time_left(deadline: float, now: float | None = None) -> float:
     return left - max(DEADLINE_MARGIN, DEADLINE_MARGIN_SHARE * left)
 
 
+def wait_within(bound: float, deadline: float | None) -> float:
+    """Seconds to wait for something that may take `bound` seconds (a replica's capabilities),
+    cut to what the RPC `deadline` leaves (`time_left`); never below 0."""
+    return bound if deadline is None else max(0.0, min(bound, time_left(deadline)))
+
+
 def slot_wait(deadline: float | None) -> float | None:
     """Seconds an item may wait for a slot (`balancer.Slots.use`): what the RPC `deadline`
     leaves (`time_left`), or None (as long as it takes) without a deadline."""

@@ -33,7 +33,6 @@ from nemo_gym_grpc.bridge.flows.session_checks import (
     checked_item,
     checked_open,
     checked_tool,
-    learn_wait,
     merged_cookies,
     typed,
 )
@@ -148,7 +147,8 @@ class Sessions:
         legacy, lease = checked_open(request, self._max_item_bytes)
         name = request.resources_server
         replica = self._balancer.pick(await self.upstreams.resolve(name))
-        caps = await self._catalog.of(replica.url, learn_wait(deadline))
+        wait = attempts.wait_within(capabilities.LEARN_TIMEOUT, deadline)
+        caps = await self._catalog.of(replica.url, wait)
         session_id = sessions.new_session_id()
         opened = sessions.Opened(session_id, episode_id(request.rollout_id or session_id, 0))
         body, path = legacy, RESET_PATH if caps.step_wise else SEED_PATH

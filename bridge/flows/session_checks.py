@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from nemo_gym_grpc.bridge import errors
-from nemo_gym_grpc.bridge.flows import attempts, checks, verify_checks
+from nemo_gym_grpc.bridge.flows import checks, verify_checks
 from nemo_gym_grpc.bridge.nemo_gym import capabilities
 from nemo_gym_grpc.bridge.nemo_gym.sessions import CLOSE_PATH, RESET_PATH, SEED_PATH, STEP_PATH
 from nemo_gym_grpc.bridge.nemo_gym.verify import VERIFY_PATH
@@ -33,13 +33,6 @@ def merged_cookies(old: str, fresh: str) -> str:
 def as_is(body: bytes, url: str) -> bytes:
     """A reply body as it came (a tool's reply: any JSON)."""
     return body
-
-
-def learn_wait(deadline: float | None) -> float:
-    """Seconds an open may wait for its replica's capabilities: `capabilities.LEARN_TIMEOUT`,
-    cut to what the RPC `deadline` leaves."""
-    wait = capabilities.LEARN_TIMEOUT
-    return wait if deadline is None else max(0.0, min(wait, attempts.time_left(deadline)))
 
 
 def typed(kind: int, caps: capabilities.Capabilities) -> bool:

@@ -218,9 +218,7 @@ class Verifier:
         Raises:
             attempts.NotSent: the RPC deadline (less its margin) passed while waiting.
         """
-        wait = capabilities.LEARN_TIMEOUT
-        if deadline is not None:
-            wait = min(wait, attempts.time_left(deadline))
+        wait = attempts.wait_within(capabilities.LEARN_TIMEOUT, deadline)
         caps = await self.capabilities.of(replica.url, wait)
         if deadline is not None and attempts.time_left(deadline) <= 0:
             raise attempts.deadline_passed(
