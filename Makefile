@@ -124,8 +124,8 @@ test: $(DEV) $(VERL)
 # The fast tier: every test that needs no NeMo Gym stack (tests/conftest.py's `nemo_gym` marker)
 # and runs nothing in a trainer's venv (`trainer_venv`), for every change, on one pytest-xdist
 # worker more than the cores: many fast tests mostly wait (for a deadline, a socket, a child
-# process) and the spare worker runs others meanwhile (2 cores: 42-45 s, against 52-55 s on
-# `-n auto`); prints its time. PYTEST_ARGS passes options.
+# process) and the spare worker runs others meanwhile (on 2 cores a fifth less time than
+# `-n auto`'s one worker per core); prints its time. PYTEST_ARGS passes options.
 FAST_WORKERS ?= $(shell echo $$(( $$(getconf _NPROCESSORS_ONLN) + 1 )))
 fast: $(DEV)
 	@t=$$(date +%s); $(PY) -m pytest -m "not nemo_gym and not trainer_venv" -n $(FAST_WORKERS) \
