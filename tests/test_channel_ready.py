@@ -1,5 +1,6 @@
 """`channels.Channel.wait_ready` and its fast path `is_ready` against a real gRPC server on
-loopback (grpc's own health service) and a port nothing listens on."""
+loopback (grpc's own health service) and a port nothing listens on; and a `refused_fails` call
+(`score`) whose bridge goes between the connection check and the stream."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
-from nemo_gym_grpc.rewards.client import channels
+from nemo_gym_grpc.rewards.client import channels, stream
+from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
 
 
 @pytest.fixture
@@ -52,3 +54,33 @@ def test_a_target_without_a_server_is_never_ready_and_the_wait_times_out():
         assert not channel.is_ready()
     finally:
         channel.channel.close()
+
+
+async def test_a_refused_fails_call_whose_bridge_goes_after_the_check_fails_at_once(monkeypatch):
+    """The bridge goes between `channels.ready` saying READY and the stream's start: a window
+    of microseconds in `score` (a CI run hit it), held open here. The stream used to wait for
+    the bridge to come back (`wait_for_ready`) until the call's deadline, 600 s by default.
+    A bare in-process VerifyService plays the bridge, since the window cannot be held open
+    around a bridge process; no item reaches it."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    silent = verify_pb2_grpc.VerifyServiceServicer()  # UNIMPLEMENTED, were it reached
+    verify_pb2_grpc.add_VerifyServiceServicer_to_server(silent, server)
+    target = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    checked = channels.ready
+
+    async def ready_then_gone(channel, timeout, *, refused_fails=False):
+        connected = await checked(channel, timeout, refused_fails=refused_fails)
+        if connected:
+            server.stop(None).wait()
+            await channel.wait_for_state_change(grpc.ChannelConnectivity.READY)  # it saw that
+        return connected
+
+    monkeypatch.setattr(channels, "ready", ready_then_gone)
+    item = verify_pb2.VerifyRequest(request_id="a", resources_server="mcqa")
+    call = stream.Call(
+        stream.VERIFY, target, [item], timeout=20, connect_timeout=5, refused_fails=True
+    )
+    outcome = (await stream.asend(call))["a"]
+    assert outcome.code == "UNAVAILABLE" and outcome.whole_call, outcome
+    assert outcome.message == f"no connection to the bridge at {target}: it refused the connection"

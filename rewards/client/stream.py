@@ -113,7 +113,10 @@ class Call(Generic[Req, Res, Msg]):
         connect_timeout: most seconds to wait for a connection to the bridge (bounded by
             `timeout`); a bridge that is still starting is waited for, not failed at once.
         security: TLS files and token (`settings.security`); default plaintext, no token.
-        refused_fails: (`asend`) a refused connection fails at once (`channels.ready`).
+        refused_fails: (`asend`) a refused connection fails at once (`channels.ready`), and
+            so does a stream whose connection was lost after it was ready (it breaks, and the
+            next stream finds the port refused), instead of waiting out the deadline for the
+            bridge to come back.
 
     Raises:
         ValueError: two requests share a `request_id`.
@@ -282,7 +285,10 @@ async def asend(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
                 return call.finish()
             messages, left = call.start()
             responses = call.rpc.aio_method(channel)(
-                messages, timeout=left, metadata=call.metadata, wait_for_ready=True
+                messages,
+                timeout=left,
+                metadata=call.metadata,
+                wait_for_ready=not call.refused_fails,
             )
             with call.reading(responses):
                 async for message in responses:
