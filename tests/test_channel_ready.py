@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
 from nemo_gym_grpc.rewards.client import channels, stream
-from nemo_gym_grpc.v1 import verify_pb2, verify_pb2_grpc
+from nemo_gym_grpc.v1 import verify_pb2
 
 
 @pytest.fixture
@@ -60,11 +60,9 @@ async def test_a_refused_fails_call_whose_bridge_goes_after_the_check_fails_at_o
     """The bridge goes between `channels.ready` saying READY and the stream's start: a window
     of microseconds in `score` (a CI run hit it), held open here. The stream used to wait for
     the bridge to come back (`wait_for_ready`) until the call's deadline, 600 s by default.
-    A bare in-process VerifyService plays the bridge, since the window cannot be held open
+    A bare in-process gRPC server plays the bridge, since the window cannot be held open
     around a bridge process; no item reaches it."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    silent = verify_pb2_grpc.VerifyServiceServicer()  # UNIMPLEMENTED, were it reached
-    verify_pb2_grpc.add_VerifyServiceServicer_to_server(silent, server)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     target = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     server.start()
     checked = channels.ready
@@ -81,6 +79,9 @@ async def test_a_refused_fails_call_whose_bridge_goes_after_the_check_fails_at_o
     call = stream.Call(
         stream.VERIFY, target, [item], timeout=20, connect_timeout=5, refused_fails=True
     )
-    outcome = (await stream.asend(call))["a"]
+    try:
+        outcome = (await stream.asend(call))["a"]
+    finally:
+        server.stop(None)
     assert outcome.code == "UNAVAILABLE" and outcome.whole_call, outcome
     assert outcome.message == f"no connection to the bridge at {target}: it refused the connection"
