@@ -113,10 +113,7 @@ class Call(Generic[Req, Res, Msg]):
         connect_timeout: most seconds to wait for a connection to the bridge (bounded by
             `timeout`); a bridge that is still starting is waited for, not failed at once.
         security: TLS files and token (`settings.security`); default plaintext, no token.
-        refused_fails: (`asend`) a refused connection fails at once (`channels.ready`), and
-            so does a stream whose connection was lost after it was ready (it breaks, and the
-            next stream finds the port refused), instead of waiting out the deadline for the
-            bridge to come back.
+        refused_fails: (`asend`) a refused connection fails at once; no stream waits for the bridge.
 
     Raises:
         ValueError: two requests share a `request_id`.
@@ -134,7 +131,7 @@ class Call(Generic[Req, Res, Msg]):
         refused_fails: bool = False,
     ) -> None:
         self.rpc = rpc
-        self.refused_fails = refused_fails
+        self.waits_for_bridge = not refused_fails  # `asend`: its connection check, its streams
         self.target = target
         self.security = security
         self.metadata = security.metadata()
@@ -279,16 +276,13 @@ async def asend(call: Call[Req, Res, Msg]) -> dict[str, Res | Failure]:
     while True:  # each stream on a channel of its own
         async with channels.aio_channel(call.target, call.security) as channel:
             wait = min(call.connect_wait, call.left())
-            ready = await channels.ready(channel, wait, refused_fails=call.refused_fails)
+            ready = await channels.ready(channel, wait, refused_fails=not call.waits_for_bridge)
             if not ready:
                 call.on_no_connection(refused=ready is False)
                 return call.finish()
             messages, left = call.start()
             responses = call.rpc.aio_method(channel)(
-                messages,
-                timeout=left,
-                metadata=call.metadata,
-                wait_for_ready=not call.refused_fails,
+                messages, timeout=left, metadata=call.metadata, wait_for_ready=call.waits_for_bridge
             )
             with call.reading(responses):
                 async for message in responses:
